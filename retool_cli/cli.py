@@ -1,0 +1,117 @@
+"""The `retool` command: a Typer app whose subcommands hand their arguments to `hydra.main`.
+
+Typer gives the subcommand list and `retool --help`; Hydra owns everything after the subcommand
+name (overrides, -m multirun, --cfg, launchers, `--help` with the config groups), so sweeps and
+Slurm launchers work as in any Hydra app.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from retool_cli import __version__
+
+log = logging.getLogger("retool")
+
+# Hydra flags, and whether each takes a value ("?" = optional value from a fixed set).
+_HYDRA_FLAGS: dict[str, str | None] = {
+    "-m": None, "--multirun": None, "-h": None, "--help": None, "--hydra-help": None, "--version": None,
+    "--resolve": None, "--shell-completion": None, "-sc": "1", "--run": None, "-r": None,
+    "-c": "1", "--cfg": "1", "-p": "1", "--package": "1", "-cp": "1", "--config-path": "1",
+    "-cn": "1", "--config-name": "1", "-cd": "1", "--config-dir": "1", "--experimental-rerun": "1",
+    "--info": "?",
+}  # fmt: skip
+_INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def hydra_argv(args: list[str]) -> list[str]:
+    """Move Hydra's flags (with their values) before the overrides: Hydra's argparse takes the
+    overrides as one positional list, so `a=1 -m b=2` would otherwise fail."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        kind = _HYDRA_FLAGS.get(name, "") if arg.startswith("-") else ""
+        if kind == "":
+            overrides.append(arg)
+        elif kind == "1" and "=" not in arg and i + 1 < len(args):
+            flags += [arg, args[i + 1]]
+            i += 1
+        elif kind == "?" and i + 1 < len(args) and args[i + 1] in _INFO_CHOICES:
+            flags += [arg, args[i + 1]]
+            i += 1
+        else:
+            flags.append(arg)
+        i += 1
+    return flags + overrides
+
+
+def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
+    """Compose `conf/<command>.yaml` with the overrides, convert it to the typed config, call `main`."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    from retool_cli.config import CONF_DIR, register_configs, to_config
+    from retool_cli.errors import RetoolError
+
+    def task(cfg: DictConfig) -> None:
+        try:
+            config = to_config(cfg)
+            main(config, Path(HydraConfig.get().runtime.output_dir))
+        except (RetoolError, OmegaConfBaseException) as exc:
+            # Bad input, not a bug: one clear message, no traceback, non-zero exit.
+            log.error("%s", str(exc).strip())
+            raise SystemExit(1) from None
+
+    register_configs()
+    sys.argv = [f"retool {command}", *hydra_argv(args)]
+    hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+app = typer.Typer(
+    name="retool",
+    help="ReTool experiment suite: RL of tool-integrated math reasoning. "
+    "Each subcommand takes Hydra overrides, e.g. `retool prepare recipe=dapo_smoke seed=1`; "
+    "`retool <command> --help` shows its config groups and composed config.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_HYDRA_COMMAND = {
+    "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
+    "add_help_option": False,  # --help goes to Hydra, which shows the config groups
+}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"retool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Subcommands below; each takes Hydra overrides."""
+
+
+@app.command(**_HYDRA_COMMAND)
+def prepare(ctx: typer.Context) -> None:
+    """Datasets -> clean, deduplicated train.jsonl / dev.jsonl and manifest.json."""
+    from retool_cli.commands import prepare as command
+
+    run_hydra_command("prepare", command.run, ctx.args)
+
+
+def main() -> None:
+    app()

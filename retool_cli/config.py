@@ -1,0 +1,174 @@
+"""Typed configuration: the single source of keys, types, defaults and cross-field checks.
+
+Every subcommand composes the same `RetoolConfig` (so one recipe applies to all of them) from
+`conf/<command>.yaml`, the group options under `conf/` and an optional `recipe=NAME`. Hydra checks
+keys and types while composing; `to_config` then builds these dataclasses with `OmegaConf.to_object`,
+which runs each `__post_init__` so cross-field mistakes fail before any work starts.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from retool_cli.errors import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONF_DIR = PACKAGE_DIR / "conf"
+RECIPES_DIR = PACKAGE_DIR / "recipes"
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+# --------------------------------------------------------------------------- data
+
+
+class DataSource(enum.Enum):
+    synthetic = "synthetic"  # built-in offline generator (retool_cli/synthetic.py)
+    dapo_math_17k = "dapo_math_17k"  # BytedTsinghua-SIA/DAPO-Math-17k layout (prompt messages + reward_model)
+    aime24 = "aime24"  # HuggingFaceH4/aime_2024
+    aime25 = "aime25"  # yentinglin/aime_2025
+    math500 = "math500"  # HuggingFaceH4/MATH-500
+    file = "file"  # any local JSONL / JSON / parquet with a column mapping
+
+
+@dataclass
+class ColumnsConfig:
+    """Where the fields of a MathExample live in a source row. Dotted paths reach into nested
+    values (`reward_model.ground_truth`), integers index lists (`prompt.0.content`)."""
+
+    question: str = "problem"
+    answer: str = "answer"
+    id: str | None = None  # None: ids are made from the source name and the row number
+
+
+@dataclass
+class SyntheticConfig:
+    """The built-in task: problems where running code beats mental arithmetic."""
+
+    num_examples: int = 2000  # problems generated before dedupe and the dev split
+    difficulty: int = 1  # 1 (4-digit x 3-digit products, small exponents) .. 5 (much larger numbers)
+    # problem kinds to mix; see retool_cli/synthetic.py for the full list
+    kinds: list[str] = field(
+        default_factory=lambda: ["product", "modpow", "digit_sum_power", "divisor_count"]
+    )
+
+
+@dataclass
+class DataConfig:
+    """A dataset source and how `retool prepare` turns it into train.jsonl / dev.jsonl."""
+
+    source: DataSource = DataSource.synthetic
+    name: str = "synthetic"  # the data_source tag written on every example
+    path: str | None = None  # local file or folder; for hub sources it replaces the download
+    hub_id: str | None = None  # dataset id on the Hugging Face hub (hub sources only)
+    revision: str = "main"  # hub revision (branch, tag or commit); pin a commit for reproducible runs
+    split: str = "train"  # hub split to read
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    strip_dapo_template: bool = False  # remove DAPO's "Solve ... Answer: $Answer" prefix and suffix
+    dev_size: int = 0  # examples split off into dev.jsonl (by seed) after dedupe
+    max_examples: int | None = None  # keep at most this many training examples (after the split)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.dev_size >= 0, "data.dev_size", f"must be >= 0, got {self.dev_size}")
+        _check(self.max_examples is None or self.max_examples > 0, "data.max_examples", "must be > 0")
+        if self.source is DataSource.file:
+            _check(bool(self.path), "data.path", "is required when data.source=file")
+        _check(1 <= self.synthetic.difficulty <= 5, "data.synthetic.difficulty", "must be in 1..5")
+        _check(self.synthetic.num_examples > 0, "data.synthetic.num_examples", "must be > 0")
+
+
+# --------------------------------------------------------------------------- model and later stages
+# Declared now so that recipes describe whole experiments; the stages that read them say so.
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    name_or_path: str = "tiny"  # HF id, local folder, or "tiny" (random-init model built offline)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = bf16 on CUDA, fp32 on CPU
+    device: str = "auto"  # auto | cpu | cuda; auto = cuda when available
+    max_context_tokens: int = 4096  # prompt + response budget of one trajectory
+
+
+class Engine(enum.Enum):
+    hf = "hf"  # transformers generate loop (CPU or CUDA)
+    vllm = "vllm"  # vLLM offline engine (optional extra)
+
+
+class LossAgg(enum.Enum):
+    token_mean = "token_mean"  # mean over all model tokens of the batch (DAPO)
+    seq_mean_token_mean = "seq_mean_token_mean"  # mean per sequence, then over sequences (GRPO)
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # token sum / fixed length (Dr.GRPO)
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of trajectories (train and eval)."""
+
+    engine: Engine = Engine.hf
+    group_size: int = 8  # samples per question (GRPO group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_response_tokens: int = 1024  # all tokens after the prompt, tool output included
+    max_turns: int = 6  # assistant turns per trajectory
+    max_code_calls: int = 4  # interpreter calls per trajectory
+
+    def __post_init__(self) -> None:
+        _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
+        _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation settings of `retool train` / `retool sft`."""
+
+    lr: float = 1e-6
+    total_steps: int = 100
+    questions_per_step: int = 32  # distinct questions per RL step (x rollout.group_size trajectories)
+    clip_low: float = 0.2  # PPO ratio clip below 1 (DAPO clip-higher keeps this at 0.2)
+    clip_high: float = 0.28  # PPO ratio clip above 1
+    loss_agg: LossAgg = LossAgg.token_mean
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "trainer.lr", "must be > 0")
+        _check(self.total_steps >= 1, "trainer.total_steps", "must be >= 1")
+        _check(self.questions_per_step >= 1, "trainer.questions_per_step", "must be >= 1")
+
+
+# --------------------------------------------------------------------------- root
+
+
+@dataclass
+class RetoolConfig:
+    """The composed config of every subcommand."""
+
+    command: str = "prepare"  # set by conf/<command>.yaml; names the output folder
+    seed: int = 0  # seeds shuffles, splits, generators and sampling
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register_configs() -> None:
+    """Register the schema and every recipe file as the `recipe` group (package `_global_`)."""
+    store = ConfigStore.instance()
+    store.store(name="retool_schema", node=RetoolConfig)
+    for recipe in sorted(RECIPES_DIR.glob("*.yaml")):
+        store.store(group="recipe", name=recipe.stem, node=OmegaConf.load(recipe), package="_global_")
+
+
+def to_config(cfg: DictConfig) -> RetoolConfig:
+    """Resolve and convert the composed DictConfig; runs every cross-field check."""
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
