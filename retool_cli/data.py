@@ -1,16 +1,15 @@
 """Math problems: the MathExample record, strict JSONL loading, source readers, cleaning, dedupe, splits.
 
-    source rows --read_source_rows--> RawRow(where, fields)
-      --to_examples (clean, strip template)--> MathExample
-      --dedupe (normalised question; drop conflicting answers)--> unique examples
-      --split_dev (seeded)--> train, dev
+source rows --read_source_rows--> RawRow(where, fields)
+  --to_examples (clean, strip template)--> MathExample
+  --dedupe (normalised question; drop conflicting answers)--> unique examples
+  --split_dev (seeded)--> train, dev
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
@@ -177,7 +176,9 @@ def read_local_rows(path: str | Path) -> Iterator[RawRow]:
         for index, row in enumerate(pq.read_table(path).to_pylist()):
             yield RawRow(f"{path} row {index}", row)
     else:
-        raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or a folder)")
+        raise DataError(
+            f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or a folder)"
+        )
 
 
 def _load_local_dataset(path: Path) -> Any:
@@ -224,7 +225,11 @@ def get_path(row: dict[str, Any], dotted: str, where: str) -> Any:
     for part in dotted.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+        elif (
+            isinstance(value, (list, tuple))
+            and part.lstrip("-").isdigit()
+            and -len(value) <= int(part) < len(value)
+        ):
             value = value[int(part)]
         else:
             available = ", ".join(sorted(row)) if isinstance(row, dict) else "?"
@@ -264,7 +269,9 @@ def to_examples(rows: Iterable[RawRow], cfg: DataConfig, stats: PrepareStats) ->
     examples: list[MathExample] = []
     for index, raw in enumerate(rows):
         stats.read += 1
-        question = _as_text(get_path(raw.fields, cfg.columns.question, raw.where), raw.where, cfg.columns.question)
+        question = _as_text(
+            get_path(raw.fields, cfg.columns.question, raw.where), raw.where, cfg.columns.question
+        )
         answer = _as_text(get_path(raw.fields, cfg.columns.answer, raw.where), raw.where, cfg.columns.answer)
         if cfg.strip_dapo_template:
             stripped = strip_dapo_template(question)
@@ -312,7 +319,9 @@ def dedupe(examples: list[MathExample], stats: PrepareStats) -> list[MathExample
     return kept
 
 
-def split_dev(examples: list[MathExample], dev_size: int, seed: int) -> tuple[list[MathExample], list[MathExample]]:
+def split_dev(
+    examples: list[MathExample], dev_size: int, seed: int
+) -> tuple[list[MathExample], list[MathExample]]:
     """Seeded split into (train, dev); both keep the input order."""
     if dev_size == 0:
         return list(examples), []

@@ -88,7 +88,9 @@ def generate(cfg: SyntheticConfig, seed: int) -> Iterator[tuple[str, str, str]]:
     kind is equally common. A kind whose problem space is too small for the request raises."""
     unknown = [k for k in cfg.kinds if k not in KINDS]
     if unknown or not cfg.kinds:
-        raise ConfigError(f"data.synthetic.kinds: unknown {unknown or 'empty list'}; available: {', '.join(KINDS)}")
+        raise ConfigError(
+            f"data.synthetic.kinds: unknown {unknown or 'empty list'}; available: {', '.join(KINDS)}"
+        )
     rng = random.Random(f"retool-synthetic-{seed}")
     seen: set[str] = set()
     for index in range(cfg.num_examples):

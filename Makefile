@@ -1,0 +1,46 @@
+# Set-up and the two jobs of a fresh machine. Everything installs into .venv (created if missing).
+# torch==2.13.0 goes in first so that nothing pulls a multi-GB CUDA build of torch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: smoke test lint system-deps clean
+
+# The offline smoke pipeline on the built-in synthetic task (CPU, no download).
+smoke: $(VENV)/.installed
+	$(BIN)/retool prepare recipe=dapo_smoke
+
+# Lint, then the test suite.
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# bubblewrap jails the code interpreter; without it the sandbox falls back to rlimits (and says so).
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq bubblewrap)) \
+	      || echo "warning: could not install bubblewrap; the sandbox will use rlimits only"; \
+	  else echo "note: install bubblewrap (e.g. apt-get install bubblewrap) for the jailed sandbox"; fi; }
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.torch: | $(BIN)/python
+	$(BIN)/python -m pip install -q torch==2.13.0
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch | system-deps
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch | system-deps
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

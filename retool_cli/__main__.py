@@ -1,0 +1,3 @@
+from retool_cli.cli import main
+
+main()

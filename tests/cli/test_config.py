@@ -1,0 +1,73 @@
+"""Every primary config, group option and recipe composes and converts to the typed config."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from retool_cli.cli import hydra_argv
+from retool_cli.config import CONF_DIR, RECIPES_DIR, DataSource, RetoolConfig, register_configs, to_config
+from retool_cli.errors import ConfigError
+
+PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "hydra_settings")
+DATA_OPTIONS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
+RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def composed(command: str, overrides: list[str]) -> RetoolConfig:
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_config(compose(config_name=command, overrides=overrides))
+
+
+def test_there_is_something_to_check() -> None:
+    assert "prepare" in PRIMARY
+    assert {"synthetic", "dapo_math_17k", "aime24", "aime25", "math500", "file"} <= set(DATA_OPTIONS)
+    assert {"dapo_smoke", "retool_qwen2.5_7b"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("command", PRIMARY)
+@pytest.mark.parametrize("option", DATA_OPTIONS)
+def test_every_data_option_composes(command: str, option: str) -> None:
+    overrides = [f"data={option}"] + (["data.path=x.jsonl"] if option == "file" else [])
+    cfg = composed(command, overrides)
+    assert cfg.data.source is DataSource[option]
+    assert cfg.command == command
+
+
+@pytest.mark.parametrize("command", PRIMARY)
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_composes_for_every_command(command: str, recipe: str) -> None:
+    cfg = composed(command, [f"recipe={recipe}"])
+    assert isinstance(cfg, RetoolConfig)
+
+
+def test_recipe_values_and_command_line_wins() -> None:
+    smoke = composed("prepare", ["recipe=dapo_smoke"])
+    assert smoke.data.source is DataSource.synthetic and smoke.model.device == "cpu"
+    big = composed("prepare", ["recipe=retool_qwen2.5_7b"])
+    assert big.data.source is DataSource.dapo_math_17k and big.rollout.group_size == 16
+    # an explicit override beats the recipe, whatever the order on the command line
+    assert composed("prepare", ["data.dev_size=3", "recipe=dapo_smoke"]).data.dev_size == 3
+    assert composed("prepare", ["recipe=retool_qwen2.5_7b", "data=aime24"]).data.source is DataSource.aime24
+
+
+def test_cross_field_checks_run_on_conversion() -> None:
+    with pytest.raises(ConfigError, match="data.dev_size: must be >= 0"):
+        composed("prepare", ["data.dev_size=-1"])
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        composed("prepare", ["rollout.top_p=0"])
+
+
+def test_hydra_argv_moves_flags_before_overrides() -> None:
+    assert hydra_argv(["a=1", "-m", "b=2,3"]) == ["-m", "a=1", "b=2,3"]
+    assert hydra_argv(["a=1", "--cfg", "job", "b=2"]) == ["--cfg", "job", "a=1", "b=2"]
+    assert hydra_argv(["a=1", "--info", "b=2"]) == ["--info", "a=1", "b=2"]
+    assert hydra_argv(["--info", "defaults", "a=1"]) == ["--info", "defaults", "a=1"]
+    assert hydra_argv(["a=1", "hydra/launcher=joblib", "--multirun"]) == [
+        "--multirun",
+        "a=1",
+        "hydra/launcher=joblib",
+    ]

@@ -1,0 +1,158 @@
+"""`retool prepare` end to end through the real command line, in a temporary working directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from retool_cli.files import sha256_file
+from tests.helpers import read_jsonl, run_retool, write_jsonl
+
+
+def only_run_dir(root: Path) -> Path:
+    dirs = [p.parent for p in root.rglob("manifest.json")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_prepare_smoke_recipe(tmp_path: Path) -> None:
+    proc = run_retool("prepare", "recipe=dapo_smoke", cwd=tmp_path, check=True)
+    run_dir = only_run_dir(tmp_path / "outputs" / "prepare")
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "prepare.log").is_file()
+    train, dev = read_jsonl(run_dir / "train.jsonl"), read_jsonl(run_dir / "dev.jsonl")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert len(train) == manifest["counts"]["train"] == 1800
+    assert len(dev) == manifest["counts"]["dev"] == 200
+    assert manifest["counts"]["read"] == 2000
+    assert manifest["config"]["data"]["source"] == "synthetic"
+    for name in ("train.jsonl", "dev.jsonl"):
+        assert manifest["files"][name]["sha256"] == sha256_file(run_dir / name)
+    assert not {r["id"] for r in train} & {r["id"] for r in dev}
+    assert set(train[0]) == {"id", "question", "answer", "data_source"}
+    assert "train.jsonl" in proc.stdout and "1800" in proc.stdout  # the summary table
+
+
+def test_prepare_is_deterministic_per_seed(tmp_path: Path) -> None:
+    hashes = []
+    for i, seed in enumerate([5, 5, 6]):
+        out = tmp_path / f"run{i}"
+        run_retool(
+            "prepare",
+            f"seed={seed}",
+            "data.synthetic.num_examples=200",
+            "data.dev_size=20",
+            f"hydra.run.dir={out}",
+            cwd=tmp_path,
+            check=True,
+        )
+        hashes.append(json.loads((out / "manifest.json").read_text())["files"]["train.jsonl"]["sha256"])
+    assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_multirun_makes_one_folder_per_job(tmp_path: Path) -> None:
+    # flags after overrides, as users type them
+    run_retool(
+        "prepare",
+        "data.synthetic.num_examples=50",
+        "data.dev_size=5",
+        "-m",
+        "seed=1,2",
+        cwd=tmp_path,
+        check=True,
+    )
+    manifests = sorted((tmp_path / "outputs" / "prepare" / "multirun").rglob("manifest.json"))
+    assert [m.parent.name for m in manifests] == ["0", "1"]
+    seeds = [json.loads(m.read_text())["seed"] for m in manifests]
+    assert seeds == [1, 2]
+
+
+def test_cfg_job_prints_composed_config(tmp_path: Path) -> None:
+    proc = run_retool("prepare", "seed=3", "--cfg", "job", "data=aime24", cwd=tmp_path, check=True)
+    assert "seed: 3" in proc.stdout and "source: aime24" in proc.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_prepare_local_file_with_column_mapping(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "mine.jsonl", [{"q": f"What is {i}+1?", "a": i + 1} for i in range(10)])
+    run_retool(
+        "prepare",
+        "data=file",
+        f"data.path={path}",
+        "data.columns.question=q",
+        "data.columns.answer=a",
+        "data.name=mine",
+        "data.dev_size=2",
+        "hydra.run.dir=out",
+        cwd=tmp_path,
+        check=True,
+    )
+    rows = read_jsonl(tmp_path / "out" / "train.jsonl") + read_jsonl(tmp_path / "out" / "dev.jsonl")
+    assert sorted(r["answer"] for r in rows) == sorted(str(i + 1) for i in range(10))
+    assert {r["data_source"] for r in rows} == {"mine"}
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.nope=1", "Key 'nope' not in 'DataConfig'"),
+        ("data=nope", "Available options in 'data'"),
+        ("recipe=nope", "Available options in 'recipe'"),
+        ("data.source=bogus", "Invalid value 'bogus', expected one of [synthetic"),
+        ("seed=abc", "full_key: seed"),
+        ("data.dev_size=-1", "data.dev_size: must be >= 0"),
+        ("data=file", "data.path"),
+        ("data.synthetic.kinds=[product,nope]", "data.synthetic.kinds: unknown ['nope']"),
+    ],
+)
+def test_bad_overrides_fail_clearly(tmp_path: Path, override: str, expected: str) -> None:
+    proc = run_retool("prepare", override, "hydra.run.dir=out", cwd=tmp_path)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert expected in output
+    assert "Traceback" not in output
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
+def test_malformed_input_names_file_and_line_and_writes_nothing(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "broken.jsonl", [{"problem": "p1", "answer": "1"}, '{"problem": "p2", '])
+    proc = run_retool("prepare", "data=file", f"data.path={path}", "hydra.run.dir=out", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"{path}:2: malformed JSON" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "out").glob("*.jsonl")) and not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_help_lists_working_commands_and_groups(tmp_path: Path) -> None:
+    top = run_retool("--help", cwd=tmp_path, check=True).stdout
+    assert "prepare" in top
+    sub = run_retool("prepare", "--help", cwd=tmp_path, check=True).stdout
+    assert "data: aime24, aime25, dapo_math_17k, file, math500, synthetic" in sub
+    assert "recipe: dapo_smoke" in sub
+
+
+def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
+    """A wheel installed elsewhere runs from any directory: conf/ and recipes/ are package data."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(repo), "-w", str(tmp_path / "whl")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    wheel = next((tmp_path / "whl").glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                   check=True, capture_output=True)  # fmt: skip
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import retool_cli, sys; print(retool_cli.__file__); sys.argv[0] = 'retool'; "
+         "from retool_cli.cli import main; main()", "prepare", "recipe=dapo_smoke", "hydra.run.dir=run"],
+        cwd=work, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(str(tmp_path / "site"))  # the installed copy, not the checkout
+    assert len(read_jsonl(work / "run" / "train.jsonl")) == 1800
