@@ -146,6 +146,55 @@ class TrainerConfig:
         _check(self.questions_per_step >= 1, "trainer.questions_per_step", "must be >= 1")
 
 
+# --------------------------------------------------------------------------- sandbox
+
+
+class Isolation(enum.Enum):
+    auto = "auto"  # bwrap when it works here, else rlimits (with a loud warning)
+    bwrap = "bwrap"  # bubblewrap jail: no network, private /tmp, fresh /proc, read-only system, dropped uid
+    rlimits = "rlimits"  # resource limits, scrubbed environment and scratch folder only (weaker)
+
+
+@dataclass
+class SandboxConfig:
+    """The code interpreter (retool_cli/sandbox.py). Limits apply to each call."""
+
+    isolation: Isolation = Isolation.auto
+    workers: int = 2  # warm worker processes = snippets run at the same time
+    timeout_s: float = 10.0  # wall-clock limit; the call's whole process tree is killed after it
+    cpu_time_s: int = 10  # CPU-seconds limit (RLIMIT_CPU)
+    memory_mb: int = 1024  # address space a snippet may add on top of the warm interpreter (RLIMIT_AS)
+    max_processes: int = 32  # processes and threads of the snippet's uid (RLIMIT_NPROC; needs root)
+    max_file_mb: int = 16  # largest file a snippet may write (RLIMIT_FSIZE)
+    scratch_mb: int = 64  # total size of the private /tmp (bwrap only)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_output_bytes: int = 65536  # stdout + stderr kept; a call printing more is killed there
+    seed: int = 0  # random and numpy.random are seeded with this before every call
+    # imported once per worker, so snippets import them for free (and, under rlimits as root, at all)
+    preload: list[str] = field(
+        default_factory=lambda: [
+            "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics",
+            "random", "re", "string", "heapq", "bisect", "numpy", "sympy",
+        ]
+    )  # fmt: skip
+    uid_base: int = 61000  # when run as root: snippets run as uid_base + k, never as root
+    start_timeout_s: float = 120.0  # a worker that is not ready by then is an infrastructure error
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, "sandbox.workers", "must be >= 1")
+        _check(self.timeout_s > 0, "sandbox.timeout_s", "must be > 0")
+        for key in (
+            "cpu_time_s",
+            "memory_mb",
+            "max_processes",
+            "max_file_mb",
+            "scratch_mb",
+            "max_open_files",
+        ):
+            _check(getattr(self, key) >= 1, f"sandbox.{key}", "must be >= 1")
+        _check(self.max_output_bytes >= 1024, "sandbox.max_output_bytes", "must be >= 1024")
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -159,6 +208,7 @@ class RetoolConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 def register_configs() -> None:

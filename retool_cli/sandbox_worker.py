@@ -1,0 +1,367 @@
+"""The sandbox's warm worker: runs inside the jail as a plain script (the package is not visible there).
+
+It imports the preloaded modules once, then for every request forks a child that drops to an
+unprivileged uid, applies the limits and runs the snippet. Forking a warm interpreter costs a few
+milliseconds, where a fresh `python -c` with sympy costs hundreds. Everything a snippet changes
+(globals, modules, builtins, RNG, environment, files in its scratch folder) dies with its child.
+
+Protocol on the worker's stdin/stdout: 4-byte big-endian length + UTF-8 JSON, both ways.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import ctypes
+import gc
+import importlib
+import io
+import json
+import linecache
+import os
+import random
+import resource
+import selectors
+import shutil
+import signal
+import struct
+import sys
+import time
+import traceback
+
+EXIT_MEMORY = 250  # child exit code: the snippet hit the memory limit (MemoryError)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# ------------------------------------------------------------------ protocol
+
+
+def read_message(fd: int) -> dict | None:
+    header = _read_exact(fd, 4)
+    if header is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", header)[0])
+    return None if body is None else json.loads(body)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks, remaining = [], n
+    while remaining:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_message(fd: int, message: dict) -> None:
+    body = json.dumps(message).encode()
+    data = struct.pack(">I", len(body)) + body
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+# ------------------------------------------------------------------ the child: one snippet
+
+
+def run_snippet(code: str) -> int:
+    """Execute `code` as a script; print the value of a final bare expression (decided on the AST).
+    Returns the process exit code."""
+    filename = "<snippet>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # source in tracebacks
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        tree = ast.parse(code, filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+            if value is not None:
+                print(repr(value))
+        return 0
+    except SystemExit as exc:
+        if exc.code is None or exc.code == 0:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code & 0xFF or 1
+        print(exc.code, file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("MemoryError: the snippet exceeded its memory limit", file=sys.stderr)
+        return EXIT_MEMORY
+    except BaseException:
+        _print_snippet_traceback()
+        return 1
+
+
+def _print_snippet_traceback() -> None:
+    """The traceback without the worker's own frames (they mean nothing to the model)."""
+    etype, value, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_code.co_filename != "<snippet>":
+        tb = tb.tb_next
+    traceback.print_exception(etype, value, tb)
+
+
+def child_main(request: dict, out_w: int, err_w: int, scratch: str) -> None:
+    """In the forked child: isolate, limit, drop privileges, run, exit. Never returns."""
+    try:
+        os.setsid()  # own process group: the worker kills the whole group on timeout
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # stdin closed: input() gets EOF at once
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+            if fd > 2:  # the protocol pipes and everything else of the worker
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        limits = request["limits"]
+        _set_limit(resource.RLIMIT_AS, limits["address_space_bytes"])
+        # CPU: SIGXCPU at the soft limit (reported as a timeout), SIGKILL one second later
+        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_time_s"], limits["cpu_time_s"] + 1))
+        _set_limit(resource.RLIMIT_FSIZE, limits["max_file_bytes"])
+        _set_limit(resource.RLIMIT_NOFILE, limits["max_open_files"])
+        _set_limit(resource.RLIMIT_CORE, 0)
+        uid = request["uid"]
+        if uid is not None:
+            _set_limit(resource.RLIMIT_NPROC, limits["max_processes"])
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # from root: clears every capability
+        os.chdir(scratch)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ.update({"HOME": scratch, "TMPDIR": scratch, "PWD": scratch})
+        seed = request["seed"]
+        random.seed(seed)
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(seed % 2**32)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = io.TextIOWrapper(
+            open(1, "wb", closefd=False), encoding="utf-8", errors="backslashreplace"
+        )  # noqa: SIM115
+        sys.stderr = io.TextIOWrapper(
+            open(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace"
+        )  # noqa: SIM115
+        code = run_snippet(request["code"])
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    except MemoryError:
+        code = EXIT_MEMORY
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            os.write(2, traceback.format_exc().encode())
+        code = 1
+    os._exit(code)  # threads the snippet started die here, atexit handlers do not run
+
+
+def _set_limit(which: int, value: int | None) -> None:
+    if value is not None:
+        resource.setrlimit(which, (value, value))  # soft == hard: the snippet cannot raise it back
+
+
+# ------------------------------------------------------------------ the worker: supervise one child
+
+
+def run_request(request: dict, scratch_root: str) -> dict:
+    """Run one snippet in a fresh child; its scratch folder is removed by the caller afterwards."""
+    scratch = os.path.join(scratch_root, "call")
+    os.makedirs(scratch, mode=0o700)
+    if request["uid"] is not None:
+        os.chown(scratch, request["uid"], request["uid"])
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        child_main(request, out_w, err_w, scratch)
+    os.close(out_w)
+    os.close(err_w)
+    result = _supervise(pid, out_r, err_r, request, started)
+    result["duration_s"] = time.monotonic() - started
+    return result
+
+
+def _supervise(pid: int, out_r: int, err_r: int, request: dict, started: float) -> dict:
+    """Collect output until the child exits, the deadline passes or the output cap is hit."""
+    limits = request["limits"]
+    deadline = started + request["timeout_s"]
+    cap = limits["max_output_bytes"]
+    buffers = {out_r: bytearray(), err_r: bytearray()}
+    pidfd = os.pidfd_open(pid)
+    selector = selectors.DefaultSelector()
+    for fd in (out_r, err_r, pidfd):
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    reason, exited = "", False
+    while not exited:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            reason = "timeout"
+            break
+        for key, _ in selector.select(remaining):
+            if key.fd == pidfd:
+                exited = True
+            elif not _read_into(key.fd, buffers[key.fd], selector):
+                continue
+        if len(buffers[out_r]) + len(buffers[err_r]) > cap:
+            reason = "output"
+            break
+    if reason:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    kill_descendants()  # before draining: nothing may keep writing into the pipes
+    for fd in (out_r, err_r):  # what is still in the pipes (the writers are dead or killed)
+        with contextlib.suppress(OSError):
+            while len(buffers[fd]) <= cap and _read_into(fd, buffers[fd], None):
+                pass
+    selector.close()
+    for fd in (out_r, err_r, pidfd):
+        os.close(fd)
+    stdout, stderr = bytes(buffers[out_r]), bytes(buffers[err_r])
+    truncated = len(stdout) + len(stderr) > cap
+    stdout, stderr = stdout[:cap], stderr[: max(0, cap - len(stdout))]
+    return {
+        **_classify(status, reason, limits),
+        "stdout": stdout.decode("utf-8", "replace"),
+        "stderr": stderr.decode("utf-8", "replace"),
+        "truncated": truncated,
+    }
+
+
+def _read_into(fd: int, buffer: bytearray, selector: selectors.BaseSelector | None) -> bool:
+    try:
+        chunk = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return False
+    if not chunk:
+        if selector is not None:
+            selector.unregister(fd)
+        return False
+    buffer += chunk
+    return True
+
+
+def _classify(status: int, reason: str, limits: dict) -> dict:
+    """Map how the child ended to (status, reason, exit_code)."""
+    if reason == "timeout":
+        return {"status": "timeout", "reason": "wall-clock time limit exceeded", "exit_code": None}
+    if reason == "output":
+        limit = limits["max_output_bytes"]
+        return {"status": "killed", "reason": f"output limit of {limit} bytes exceeded", "exit_code": None}
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return {"status": "timeout", "reason": "CPU time limit exceeded", "exit_code": None}
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        why = {signal.SIGXFSZ: " (file size limit)", signal.SIGSEGV: " (segmentation fault)"}.get(sig, "")
+        return {"status": "killed", "reason": f"killed by signal {name}{why}", "exit_code": -sig}
+    code = os.WEXITSTATUS(status)
+    if code == 0:
+        return {"status": "ok", "reason": "", "exit_code": 0}
+    if code == EXIT_MEMORY:
+        return {"status": "killed", "reason": "memory limit exceeded", "exit_code": code}
+    return {"status": "error", "reason": f"exit code {code}", "exit_code": code}
+
+
+def _children() -> list[int]:
+    """Pids of this process's children, from /proc/self/task/*/children (cheap) or a /proc scan."""
+    me = os.getpid()
+    try:
+        return [int(pid) for task in os.listdir("/proc/self/task")
+                for pid in open(f"/proc/self/task/{task}/children").read().split()]  # fmt: skip
+    except OSError:
+        pass
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            # the field after the ")" closing the command name is the state, then the parent pid
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+                pids.append(int(entry))
+    return pids
+
+
+def kill_descendants() -> None:
+    """Kill whatever the snippet left behind (daemons, setsid escapees, fork-bomb remains). The worker is
+    a child subreaper, so orphans of the snippet become its children and show up here."""
+    for _ in range(200):
+        pids = _children()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def clean_scratch(roots: list[str]) -> None:
+    """Remove everything the call wrote, also in folders a snippet made unreadable to itself."""
+    for root in roots:
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, onerror=_force_remove)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
+def _force_remove(func, path, _exc) -> None:
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+    with contextlib.suppress(OSError):
+        func(path)
+
+
+def main() -> None:
+    setup = json.loads(sys.argv[1])
+    for path in reversed(setup["sys_path"]):
+        sys.path.insert(0, path)
+    for name in setup["preload"]:
+        importlib.import_module(name)
+    if "numpy" in sys.modules:
+        importlib.import_module("numpy.random")  # lazily loaded otherwise, at the first seed of a child
+    # The protocol moves to private descriptors; stray prints of the worker go to stderr.
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.makedirs(setup["scratch_root"], exist_ok=True)
+    gc.collect()
+    gc.freeze()  # keep the warm heap shared copy-on-write between the forked children
+    write_message(proto_out, {"ready": True, "pid": os.getpid(), "vm_bytes": _vm_bytes()})
+    while True:
+        request = read_message(proto_in)
+        if request is None:
+            return
+        try:
+            result = run_request(request, setup["scratch_root"])
+        except Exception:
+            result = {"infra_error": traceback.format_exc()}
+        finally:
+            kill_descendants()
+            clean_scratch([setup["scratch_root"], *setup["clean_dirs"]])
+        write_message(proto_out, result)
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+if __name__ == "__main__":
+    main()
