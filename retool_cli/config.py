@@ -177,6 +177,13 @@ class SandboxConfig:
             "random", "re", "string", "heapq", "bisect", "numpy", "sympy",
         ]
     )  # fmt: skip
+    # run once in each worker before it forks: fills sympy's lazy imports and caches for every child
+    warmup: str = (
+        "import sympy as sp\nx, y = sp.symbols('x y')\nsp.factor(x**4 - 1); sp.expand((x + y)**3)\n"
+        "sp.solve([x + y - 2, x - y], [x, y]); sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
+        "sp.integrate(x * sp.exp(x), x); sp.Rational(1, 3) + 1; sp.isprime(97); sp.factorint(360)\n"
+        "sp.nsimplify(0.5); sp.N(sp.pi, 20); sp.Matrix([[1, 2], [3, 4]]).det(); sp.binomial(10, 3)"
+    )
     uid_base: int = 61000  # when run as root: snippets run as uid_base + k, never as root
     start_timeout_s: float = 120.0  # a worker that is not ready by then is an infrastructure error
 

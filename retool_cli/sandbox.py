@@ -95,7 +95,7 @@ def resolve_isolation(requested: Isolation) -> Isolation:
             f"sandbox.isolation=bwrap but {why}; install bubblewrap or set sandbox.isolation=rlimits"
         )
     if not _warned_rlimits:
-        log.warning(
+        log.warning(  # loud on purpose: a silently weaker sandbox is how tool RL quietly goes wrong
             "SANDBOX IS NOT JAILED: %s. Falling back to sandbox.isolation=rlimits: limits, scrubbed environment and "
             "scratch folder only; snippets can read world-readable files and reach the network.",
             why,
@@ -180,7 +180,6 @@ class _Worker:
     def __init__(self, config: SandboxConfig, isolation: Isolation, uid: int | None) -> None:
         self.config, self.isolation, self.uid = config, isolation, uid
         self.proc: subprocess.Popen | None = None
-        self.vm_bytes = 0
         self._scratch: str | None = None
 
     def start(self) -> None:
@@ -188,8 +187,17 @@ class _Worker:
         self.wait_ready()
 
     def launch(self) -> None:
-        site_dirs = _site_dirs(self.config.preload)
-        setup = {"preload": self.config.preload, "host_site_dirs": site_dirs}
+        cfg = self.config
+        site_dirs = _site_dirs(cfg.preload)
+        setup = {
+            "preload": cfg.preload, "warmup": cfg.warmup, "host_site_dirs": site_dirs, "uid": self.uid,
+            "env": _SNIPPET_ENV, "seed": cfg.seed, "timeout_s": cfg.timeout_s,
+            "limits": {
+                "memory_bytes": cfg.memory_mb << 20, "cpu_time_s": cfg.cpu_time_s,
+                "max_file_bytes": cfg.max_file_mb << 20, "max_open_files": cfg.max_open_files,
+                "max_processes": cfg.max_processes, "max_output_bytes": cfg.max_output_bytes,
+            },
+        }  # fmt: skip
         if self.isolation is Isolation.bwrap:
             cmd = _bwrap_command(self.config, setup)
         else:
@@ -215,25 +223,17 @@ class _Worker:
                 f"a sandbox worker ({self.isolation.value}) failed to start within {self.config.start_timeout_s:.0f} s; "
                 "its error output is above"
             )
-        self.vm_bytes = ready["vm_bytes"]
 
     def call(self, code: str) -> ExecResult:
         """Run one snippet. A dead or hung worker gives an infra_error result and is restarted."""
-        cfg = self.config
-        request = {
-            "code": code, "timeout_s": cfg.timeout_s, "seed": cfg.seed, "uid": self.uid, "env": _SNIPPET_ENV,
-            "limits": {
-                "address_space_bytes": self.vm_bytes + (cfg.memory_mb << 20), "cpu_time_s": cfg.cpu_time_s,
-                "max_file_bytes": cfg.max_file_mb << 20, "max_open_files": cfg.max_open_files,
-                "max_processes": cfg.max_processes, "max_output_bytes": cfg.max_output_bytes,
-            },
-        }  # fmt: skip
         started = time.monotonic()
         try:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
-            self._send(request)
-            reply = self._receive(started + cfg.timeout_s + 10.0)  # the worker enforces timeout_s itself
+            self._send({"code": code})
+            reply = self._receive(
+                started + self.config.timeout_s + 10.0
+            )  # the worker enforces timeout_s itself
         except (OSError, ValueError):
             reply = None
         if reply is None or "infra_error" in reply:
@@ -276,6 +276,17 @@ class _Worker:
         header = _read_exact(fd, 4, deadline)
         body = None if header is None else _read_exact(fd, struct.unpack(">I", header)[0], deadline)
         return None if body is None else json.loads(body)
+
+
+def _world_readable(path: str) -> bool:
+    """Whether every folder down to `path` lets other users in."""
+    path = os.path.realpath(path)
+    while True:
+        if not os.stat(path).st_mode & 0o001:
+            return False
+        if path == os.path.dirname(path):
+            return True
+        path = os.path.dirname(path)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -325,6 +336,12 @@ class Sandbox:
         self.isolation = resolve_isolation(self.config.isolation)
         block = next(_uid_blocks) * self.config.workers
         root = os.geteuid() == 0
+        if root and self.isolation is Isolation.rlimits and not _world_readable(sys.base_prefix):
+            log.warning(
+                "sandbox: snippets run as an unprivileged uid that cannot read %s; only the modules in "
+                "sandbox.preload can be imported (use bwrap isolation, or a world-readable Python)",
+                os.path.realpath(sys.base_prefix),
+            )
         self._workers = [
             _Worker(self.config, self.isolation, self.config.uid_base + block + i if root else None)
             for i in range(self.config.workers)

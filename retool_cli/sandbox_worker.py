@@ -104,8 +104,8 @@ def _print_snippet_traceback() -> None:
     traceback.print_exception(etype, value, tb)
 
 
-def child_main(request: dict, out_w: int, err_w: int, scratch: str) -> None:
-    """In the forked child: isolate, limit, drop privileges, run, exit. Never returns."""
+def child_main(setup: dict, code_r: int, out_w: int, err_w: int, scratch: str) -> None:
+    """In the forked child: isolate, limit, drop privileges, wait for the code, run it, exit. Never returns."""
     try:
         os.setsid()  # own process group: the worker kills the whole group on timeout
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -113,17 +113,17 @@ def child_main(request: dict, out_w: int, err_w: int, scratch: str) -> None:
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
-            if fd > 2:  # the protocol pipes and everything else of the worker
+            if fd > 2 and fd != code_r:  # the protocol pipes and everything else of the worker
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        limits = request["limits"]
-        _set_limit(resource.RLIMIT_AS, limits["address_space_bytes"])
+        limits = setup["limits"]
+        _set_limit(resource.RLIMIT_AS, _vm_bytes() + limits["memory_bytes"])
         # CPU: SIGXCPU at the soft limit (reported as a timeout), SIGKILL one second later
         resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_time_s"], limits["cpu_time_s"] + 1))
         _set_limit(resource.RLIMIT_FSIZE, limits["max_file_bytes"])
         _set_limit(resource.RLIMIT_NOFILE, limits["max_open_files"])
         _set_limit(resource.RLIMIT_CORE, 0)
-        uid = request["uid"]
+        uid = setup["uid"]
         if uid is not None:
             _set_limit(resource.RLIMIT_NPROC, limits["max_processes"])
             os.setgroups([])
@@ -131,20 +131,17 @@ def child_main(request: dict, out_w: int, err_w: int, scratch: str) -> None:
             os.setresuid(uid, uid, uid)  # from root: clears every capability
         os.chdir(scratch)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(setup["env"])
         os.environ.update({"HOME": scratch, "TMPDIR": scratch, "PWD": scratch})
-        seed = request["seed"]
-        random.seed(seed)
+        random.seed(setup["seed"])
         if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed(seed % 2**32)
+            sys.modules["numpy"].random.seed(setup["seed"] % 2**32)
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-        sys.stdout = io.TextIOWrapper(
-            open(1, "wb", closefd=False), encoding="utf-8", errors="backslashreplace"
-        )  # noqa: SIM115
-        sys.stderr = io.TextIOWrapper(
-            open(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace"
-        )  # noqa: SIM115
-        code = run_snippet(request["code"])
+        sys.stdout = _text_stream(1)
+        sys.stderr = _text_stream(2)
+        with os.fdopen(code_r, "rb") as pipe:  # blocks until the worker hands over a snippet
+            source = pipe.read().decode("utf-8", "replace")
+        code = run_snippet(source)
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -157,6 +154,10 @@ def child_main(request: dict, out_w: int, err_w: int, scratch: str) -> None:
     os._exit(code)  # threads the snippet started die here, atexit handlers do not run
 
 
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace")
+
+
 def _set_limit(which: int, value: int | None) -> None:
     if value is not None:
         resource.setrlimit(which, (value, value))  # soft == hard: the snippet cannot raise it back
@@ -165,29 +166,40 @@ def _set_limit(which: int, value: int | None) -> None:
 # ------------------------------------------------------------------ the worker: supervise one child
 
 
-def run_request(request: dict, scratch_root: str) -> dict:
-    """Run one snippet in a fresh child; its scratch folder is removed by the caller afterwards."""
-    scratch = os.path.join(scratch_root, "call")
-    os.makedirs(scratch, mode=0o700)
-    if request["uid"] is not None:
-        os.chown(scratch, request["uid"], request["uid"])
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    started = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        child_main(request, out_w, err_w, scratch)
-    os.close(out_w)
-    os.close(err_w)
-    result = _supervise(pid, out_r, err_r, request, started)
-    result["duration_s"] = time.monotonic() - started
-    return result
+class Pending:
+    """A child forked ahead of time, set up and waiting for its code: forking a warm interpreter costs
+    a few milliseconds, and this takes them off the path of the next call."""
+
+    def __init__(self, setup: dict) -> None:
+        self.scratch = os.path.join(setup["scratch_root"], "call")
+        os.makedirs(self.scratch, mode=0o700)
+        if setup["uid"] is not None:
+            os.chown(self.scratch, setup["uid"], setup["uid"])
+        code_r, self.code_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            child_main(setup, code_r, out_w, err_w, self.scratch)
+        for fd in (code_r, out_w, err_w):
+            os.close(fd)
+
+    def run(self, code: str, setup: dict) -> dict:
+        started = time.monotonic()
+        try:
+            with os.fdopen(self.code_w, "wb") as pipe:
+                pipe.write(code.encode("utf-8", "surrogatepass"))
+        except BrokenPipeError:
+            pass  # the child died while waiting; _supervise reports how
+        result = _supervise(self.pid, self.out_r, self.err_r, setup, started)
+        result["duration_s"] = time.monotonic() - started
+        return result
 
 
-def _supervise(pid: int, out_r: int, err_r: int, request: dict, started: float) -> dict:
+def _supervise(pid: int, out_r: int, err_r: int, setup: dict, started: float) -> dict:
     """Collect output until the child exits, the deadline passes or the output cap is hit."""
-    limits = request["limits"]
-    deadline = started + request["timeout_s"]
+    limits = setup["limits"]
+    deadline = started + setup["timeout_s"]
     cap = limits["max_output_bytes"]
     buffers = {out_r: bytearray(), err_r: bytearray()}
     pidfd = os.pidfd_open(pid)
@@ -332,6 +344,8 @@ def main() -> None:
         importlib.import_module(name)
     if "numpy" in sys.modules:
         importlib.import_module("numpy.random")  # lazily loaded otherwise, at the first seed of a child
+    if setup["warmup"]:  # fill lazy imports and caches once, so that children inherit them
+        exec(compile(setup["warmup"], "<warmup>", "exec"), {"__name__": "__warmup__"})
     # The protocol moves to private descriptors; stray prints of the worker go to stderr.
     proto_in, proto_out = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -340,19 +354,21 @@ def main() -> None:
     os.makedirs(setup["scratch_root"], exist_ok=True)
     gc.collect()
     gc.freeze()  # keep the warm heap shared copy-on-write between the forked children
-    write_message(proto_out, {"ready": True, "pid": os.getpid(), "vm_bytes": _vm_bytes()})
+    pending = Pending(setup)
+    write_message(proto_out, {"ready": True})
     while True:
         request = read_message(proto_in)
         if request is None:
             return
         try:
-            result = run_request(request, setup["scratch_root"])
+            result = pending.run(request["code"], setup)
         except Exception:
             result = {"infra_error": traceback.format_exc()}
         finally:
             kill_descendants()
             clean_scratch([setup["scratch_root"], *setup["clean_dirs"]])
         write_message(proto_out, result)
+        pending = Pending(setup)  # after the reply: the fork is off the caller's path
 
 
 def _vm_bytes() -> int:

@@ -1,0 +1,378 @@
+"""Adversarial suite for the code interpreter, run under each isolation mode available here.
+
+Every guarantee of retool_cli/sandbox.py has a case: hostile snippets must fail inside the call,
+leave nothing behind, and never harm this (the host) process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from retool_cli.config import Isolation, SandboxConfig
+from retool_cli.sandbox import Sandbox, SandboxError, _descendants, bwrap_usable
+
+BWRAP_OK, BWRAP_WHY = bwrap_usable()
+MODES = [
+    pytest.param(
+        Isolation.bwrap, marks=pytest.mark.skipif(not BWRAP_OK, reason=f"no bubblewrap jail: {BWRAP_WHY}")
+    ),
+    Isolation.rlimits,
+]
+ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
+os.environ["RETOOL_TEST_SECRET"] = "hunter2-" + uuid.uuid4().hex  # set before any sandbox starts
+
+
+def config(isolation: Isolation, **overrides) -> SandboxConfig:
+    values = {"isolation": isolation, "workers": 2, "timeout_s": 3.0, "cpu_time_s": 3, "memory_mb": 256,
+              "max_output_bytes": 4096, "uid_base": 62000, **overrides}  # fmt: skip
+    return SandboxConfig(**values)
+
+
+@pytest.fixture(scope="module", params=MODES, ids=lambda m: m.value)
+def sandbox(request):
+    with Sandbox(config(request.param)) as box:
+        yield box
+
+
+def snippet_processes(box: Sandbox) -> list[str]:
+    """Command lines of the processes running as `box`'s snippet uids."""
+    uids = {w.uid for w in box._workers}
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid in uids:
+                    found.append(Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return found
+
+
+def assert_nothing_left(box: Sandbox) -> None:
+    """Only the children forked ahead for the next calls (one per worker, the worker's own
+    interpreter waiting for code) may run as a snippet uid after a call."""
+    time.sleep(0.2)  # the next child is forked just after the reply
+    left = snippet_processes(box)
+    assert len(left) <= len(box._workers), left
+    assert all("retool_worker" in c or "sandbox_worker" in c for c in left), left
+
+
+# ------------------------------------------------------------------ benign snippets
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout"),
+    [
+        ("print(6 * 7)", "42\n"),
+        ("x = 3\nx * 2", "6\n"),  # a final bare expression is printed
+        ("for i in range(3):\n    i", ""),  # ...but not an expression inside a block
+        ("def f(n):\n    return n + 1\nf(1)", "2\n"),
+        ("x = None\nx", ""),  # None is not printed
+        ("'text'", "'text'\n"),
+        ("import numpy as np\nint(np.linalg.det(np.array([[2, 1], [1, 3]])).__round__())", "5\n"),
+        ("import sympy\nsympy.factorint(2**32 + 1)", "{641: 1, 6700417: 1}\n"),
+        ("from fractions import Fraction\nFraction(1, 3) + Fraction(1, 6)", "Fraction(1, 2)\n"),
+        ("import itertools, functools, collections, math\nmath.comb(10, 3)", "120\n"),
+        ("print('ünïcode ✓')", "ünïcode ✓\n"),
+        (
+            "import os\nopen('f.txt', 'w').write('hi')\nprint(open('f.txt').read(), os.listdir('.'))",
+            "hi ['f.txt']\n",
+        ),
+    ],
+)
+def test_benign_snippets(sandbox: Sandbox, code: str, stdout: str) -> None:
+    result = sandbox.run(code)
+    assert (result.status, result.stdout, result.stderr) == ("ok", stdout, "")
+
+
+def test_blas_single_thread_and_big_code(sandbox: Sandbox) -> None:
+    result = sandbox.run("import os\nprint(os.environ['OPENBLAS_NUM_THREADS'])\n" + "x = 1\n" * 50_000 + "x")
+    assert result.status == "ok" and result.stdout == "1\n1\n"
+
+
+def test_run_many_keeps_order(sandbox: Sandbox) -> None:
+    results = sandbox.run_many([f"print({i} * {i})" for i in range(40)])
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(40)]
+
+
+# ------------------------------------------------------------------ errors and exits
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "in_stderr", "reason"),
+    [
+        ("raise ValueError('boom')", "error", "ValueError: boom", "exit code 1"),
+        ("1 / 0", "error", 'File "<snippet>", line 1', "exit code 1"),
+        ("def f(:\n  pass", "error", "SyntaxError", "exit code 1"),
+        ("import sys\nsys.exit('bye')", "error", "bye", "exit code 1"),
+        ("import sys\nsys.exit(3)", "error", "", "exit code 3"),
+        ("import os\nos._exit(5)", "error", "", "exit code 5"),
+        ("import sys\nsys.exit(0)", "ok", "", ""),
+        ("input()", "error", "EOFError", "exit code 1"),  # stdin is closed, not blocking
+        ("import os\nos.kill(os.getpid(), 9)", "killed", "", "SIGKILL"),
+        ("import ctypes\nctypes.string_at(0)", "killed", "", "SIGSEGV"),
+        ("def f(n):\n    return f(n + 1)\nf(0)", "error", "RecursionError", "exit code 1"),
+        ("fs = [open('/dev/null') for _ in range(100_000)]", "error", "Too many open files", "exit code 1"),
+        (
+            "import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))",
+            "error",
+            "Error",
+            "exit code 1",
+        ),
+        (
+            "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (-1, -1))",
+            "error",
+            "Error",
+            "exit code 1",
+        ),
+    ],
+)
+def test_errors_are_reported_not_raised(
+    sandbox: Sandbox, code: str, status: str, in_stderr: str, reason: str
+) -> None:
+    started = time.monotonic()
+    result = sandbox.run(code)
+    assert result.status == status, result
+    assert in_stderr in result.stderr
+    assert reason in result.reason
+    assert time.monotonic() - started < 2.5  # none of these waits for the timeout
+
+
+def test_deep_recursion_with_raised_limit_dies_inside_the_call(sandbox: Sandbox) -> None:
+    result = sandbox.run("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)")
+    assert result.status in ("killed", "error", "timeout")
+    assert sandbox.run("print('alive')").stdout == "alive\n"
+
+
+# ------------------------------------------------------------------ limits
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "while True:\n    pass",
+        "sum(range(10**13))",
+        "import time\ntime.sleep(60)",
+        "import threading\nthreading.Event().wait()",
+    ],  # fmt: skip
+)
+def test_timeouts_kill_python_and_c_loops(sandbox: Sandbox, code: str) -> None:
+    started = time.monotonic()
+    result = sandbox.run(code)
+    assert result.status == "timeout"
+    assert time.monotonic() - started < 3.0 + 2.0
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(2 * 1024**3)",
+        "import numpy as np\nnp.ones((1024, 1024, 1024))",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
+    ],  # fmt: skip
+)
+def test_memory_bombs_are_killed(sandbox: Sandbox, code: str) -> None:
+    result = sandbox.run(code)
+    assert result.status == "killed"
+    assert "memory" in result.reason
+
+
+@pytest.mark.skipif(not ROOT, reason="RLIMIT_NPROC needs the snippet to run as its own uid (root host)")
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nwhile True:\n    os.fork()",
+        "import multiprocessing as mp\nps = [mp.Process(target=lambda: __import__('time').sleep(60)) for _ in range(200)]\n"
+        "[p.start() for p in ps]",
+        "import subprocess\n[subprocess.Popen(['sleep', '60']) for _ in range(200)]",
+        "import threading, time\n[threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(500)]",
+    ],
+)
+def test_fork_bombs_die_and_leave_nothing(sandbox: Sandbox, code: str) -> None:
+    result = sandbox.run(code)
+    assert result.status in ("error", "timeout", "killed")
+    assert_nothing_left(sandbox)
+    assert sandbox.run("print('alive')").stdout == "alive\n"
+
+
+def test_output_flood_is_cut_without_buffering_it_all(sandbox: Sandbox) -> None:
+    for code in ["print('x' * 10**8)", "while True:\n    print('y' * 1000)"]:
+        result = sandbox.run(code)
+        assert result.status == "killed" and "output limit" in result.reason
+        assert result.truncated
+        assert len(result.stdout) + len(result.stderr) <= 4096
+
+
+def test_file_size_and_scratch_limits(sandbox: Sandbox) -> None:
+    big_file = sandbox.run("f = open('big', 'wb')\nwhile True:\n    f.write(b'0' * 2**20)")
+    assert big_file.status == "error" and "File too large" in big_file.stderr
+    assert sandbox.run("import os\nos.listdir('.')").stdout == "[]\n"  # the scratch folder is fresh
+
+
+def test_threads_and_daemons_do_not_outlive_the_call(sandbox: Sandbox) -> None:
+    code = (
+        "import subprocess, threading, time\n"
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+        "print('returned')"
+    )
+    result = sandbox.run(code)
+    assert result.status == "ok" and result.stdout == "returned\n"
+    if ROOT:
+        assert_nothing_left(sandbox)
+
+
+# ------------------------------------------------------------------ isolation
+
+
+def test_fresh_state_every_call() -> None:
+    with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
+        probe = ("import math, os, random, sys, numpy\n"
+                 "print(math.pi, os.environ.get('POISON'), os.listdir('.'), random.random(), numpy.random.rand(),"
+                 " 'json' in sys.modules, print is __builtins__.print if hasattr(__builtins__, 'print') else True)")  # fmt: skip
+        before = box.run(probe)
+        poison = box.run(
+            "import math, os, random, builtins, sys, numpy\n"
+            "math.pi = 3\nos.environ['POISON'] = '1'\nopen('marker', 'w').write('x')\n"
+            "random.seed(123)\nnumpy.random.seed(123)\nsys.modules['json'] = None\nbuiltins.print = None\n"
+            "os.chdir('/')"
+        )
+        assert poison.status == "ok"
+        after = box.run(probe)
+        assert before.status == after.status == "ok"
+        assert after.stdout == before.stdout
+        assert box.run("import json\njson.dumps([1])").stdout == "'[1]'\n"
+
+
+def test_same_seed_same_random_numbers(sandbox: Sandbox) -> None:
+    code = "import random, numpy\nprint(random.random(), numpy.random.rand())"
+    assert sandbox.run(code).stdout == sandbox.run(code).stdout
+
+
+def test_host_secrets_are_invisible(sandbox: Sandbox, tmp_path: Path) -> None:
+    secret = os.environ["RETOOL_TEST_SECRET"]
+    code = (
+        "import os\n"
+        "seen = str(dict(os.environ))\n"
+        "for path in ['/proc/1/environ', '/proc/self/environ', '/proc/' + str(os.getppid()) + '/environ']:\n"
+        "    try:\n        seen += open(path, 'rb').read().decode('latin1')\n    except OSError:\n        pass\n"
+        "print(seen)"
+    )
+    result = sandbox.run(code)
+    assert result.status == "ok"
+    assert secret not in result.stdout
+    if ROOT:  # a secret file of the host user (under /root) cannot be read
+        secret_file = Path("/root") / f".retool-test-{uuid.uuid4().hex}"
+        secret_file.write_text(secret)
+        try:
+            assert secret not in sandbox.run(f"print(open('{secret_file}').read())").stdout
+        finally:
+            secret_file.unlink()
+
+
+def test_cannot_signal_or_trace_outside_the_call(sandbox: Sandbox) -> None:
+    host = os.getpid()
+    code = (
+        "import ctypes, os, signal\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for pid in [os.getppid(), 1, {host}]:\n"
+        "    for action in (lambda: os.kill(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGSTOP)):\n"
+        "        try:\n            action()\n            print('signalled', pid)\n        except OSError:\n            pass\n"
+        "    if libc.ptrace(16, pid, None, None) == 0:\n        print('traced', pid)\n"
+        "try:\n    os.nice(-5)\n    print('reniced')\nexcept OSError:\n    pass\n"
+    )
+    if not ROOT and sandbox.isolation is Isolation.rlimits:
+        pytest.skip("rlimits mode as a normal user runs snippets as the host's own uid")
+    result = sandbox.run(code)
+    assert result.status == "ok", result
+    assert result.stdout == ""
+    assert sandbox.run("print('worker alive')").stdout == "worker alive\n"
+
+
+@pytest.mark.parametrize("isolation", [MODES[0]])
+def test_jail_hides_files_network_and_processes(isolation: Isolation, tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    marker = f"retool-probe-{uuid.uuid4().hex}"
+    code = (
+        "import os, socket\n"
+        f"print(os.path.exists({str(REPO / 'pyproject.toml')!r}), os.path.exists('/root'), os.path.exists('/home'))\n"
+        f"print(os.path.exists('/proc/{os.getpid()}/cmdline') and 'pytest' in open('/proc/{os.getpid()}/cmdline').read())\n"
+        "for target in ['/etc/x', '/usr/x', '/x']:\n"
+        "    try:\n        open(target, 'w')\n        print('wrote', target)\n    except OSError:\n        pass\n"
+        f"open('/tmp/{marker}', 'w').write('x')\n"
+        "try:\n    open('/proc/sys/kernel/core_pattern', 'w')\n    print('core_pattern writable')\nexcept OSError:\n    pass\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('connected')\n"
+        "except OSError:\n    pass\n"
+    )
+    with Sandbox(config(isolation, workers=1)) as box:
+        result = box.run(code)
+    server.close()
+    assert result.status == "ok", result
+    assert result.stdout == "False False False\nFalse\n"
+    assert not (Path("/tmp") / marker).exists()
+
+
+def test_dead_worker_is_replaced() -> None:
+    with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
+        worker = box._workers[0]
+        # the worker dies in the middle of a call (as under the OOM killer)
+        threading.Timer(
+            0.5, lambda: [os.kill(pid, 9) for pid in [worker.proc.pid, *_descendants(worker.proc.pid)]]
+        ).start()
+        broken = box.run("import time\ntime.sleep(2)")
+        assert broken.infra_error and broken.status == "killed"
+        assert "worker died" in broken.reason
+        started = time.monotonic()
+        assert box.run("print(2)").stdout == "2\n"
+        assert time.monotonic() - started < 5
+        stats = box.stats()
+        assert stats["infra_errors"] == 1 and stats["ok"] == 1 and stats["calls"] == 2
+        box.reset_stats()
+        assert box.stats()["calls"] == 0
+
+
+def test_run_many_from_threads_and_stats(sandbox: Sandbox) -> None:
+    sandbox.reset_stats()
+    outputs: list[list[str]] = []
+
+    def batch() -> None:
+        outputs.append([r.stdout for r in sandbox.run_many(["print(1)", "1/0", "print(2)"])])
+
+    threads = [threading.Thread(target=batch) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outputs == [["1\n", "", "2\n"]] * 3
+    stats = sandbox.stats()
+    assert (stats["calls"], stats["ok"], stats["error"]) == (9, 6, 3)
+    assert 0 < stats["latency_p50_s"] <= stats["latency_p95_s"]
+
+
+def test_bwrap_required_but_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("retool_cli.sandbox.shutil.which", lambda name: None)
+    with pytest.raises(SandboxError, match="sandbox.isolation=rlimits"):
+        Sandbox(config(Isolation.bwrap))
+
+
+def test_nothing_left_after_close() -> None:
+    box = Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits))
+    procs = [w.proc for w in box._workers]
+    box.run_many(["import subprocess\nsubprocess.Popen(['sleep', '600'])"] * 2)
+    box.close()
+    assert all(p.poll() is not None for p in procs)
+    if ROOT:
+        time.sleep(0.2)
+        assert snippet_processes(box) == []
