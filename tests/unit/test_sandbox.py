@@ -162,7 +162,7 @@ def test_deep_recursion_with_raised_limit_dies_inside_the_call(sandbox: Sandbox)
         "sum(range(10**13))",
         "import time\ntime.sleep(60)",
         "import threading\nthreading.Event().wait()",
-    ],  # fmt: skip
+    ],
 )
 def test_timeouts_kill_python_and_c_loops(sandbox: Sandbox, code: str) -> None:
     started = time.monotonic()
@@ -177,7 +177,7 @@ def test_timeouts_kill_python_and_c_loops(sandbox: Sandbox, code: str) -> None:
         "x = bytearray(2 * 1024**3)",
         "import numpy as np\nnp.ones((1024, 1024, 1024))",
         "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
-    ],  # fmt: skip
+    ],
 )
 def test_memory_bombs_are_killed(sandbox: Sandbox, code: str) -> None:
     result = sandbox.run(code)
