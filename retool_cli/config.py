@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import II, DictConfig, OmegaConf
 
 from retool_cli.errors import ConfigError
 
@@ -202,6 +202,40 @@ class SandboxConfig:
         _check(self.max_output_bytes >= 1024, "sandbox.max_output_bytes", "must be >= 1024")
 
 
+# --------------------------------------------------------------------------- reward
+
+
+class RewardFunction(enum.Enum):
+    correctness = "correctness"  # +1 if the final boxed answer is equivalent to the reference, else -1
+    dapo_strict = "dapo_strict"  # verl's DAPO strict-box exact-string rule (for parity experiments)
+
+
+@dataclass
+class RewardConfig:
+    """The reward of a trajectory (retool_cli/reward.py); eval uses the same judge."""
+
+    function: RewardFunction = RewardFunction.correctness
+    answer_window_chars: int = 300  # the boxed answer must start within the final text's last N characters
+    judge_timeout_s: float = 5.0  # hard bound per math-verify check; a timed-out pair counts as wrong
+    judge_workers: int = 2  # math-verify worker processes
+    format_weight: float = 0.0  # added when a boxed answer is present (0 = off)
+    overlong_buffer_tokens: int = 0  # DAPO soft overlong penalty over the last N tokens (0 = off)
+    overlong_penalty_factor: float = 1.0  # the penalty at the full length
+    max_response_tokens: int = II("rollout.max_response_tokens")  # where the overlong penalty is full
+
+    def __post_init__(self) -> None:
+        _check(self.answer_window_chars > 0, "reward.answer_window_chars", "must be > 0")
+        _check(self.judge_timeout_s > 0, "reward.judge_timeout_s", "must be > 0")
+        _check(self.judge_workers >= 1, "reward.judge_workers", "must be >= 1")
+        _check(
+            # (the default factory builds this with the unresolved interpolation; checked once resolved)
+            not isinstance(self.max_response_tokens, int)
+            or 0 <= self.overlong_buffer_tokens < self.max_response_tokens,
+            "reward.overlong_buffer_tokens",
+            f"must be in [0, max_response_tokens={self.max_response_tokens})",
+        )
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -216,6 +250,7 @@ class RetoolConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 def register_configs() -> None:
