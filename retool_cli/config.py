@@ -113,20 +113,55 @@ class LossAgg(enum.Enum):
 
 @dataclass
 class RolloutConfig:
-    """Sampling of trajectories (train and eval)."""
+    """Sampling of trajectories with the agent loop (train, eval, filter-pass-rate)."""
 
     engine: Engine = Engine.hf
     group_size: int = 8  # samples per question (GRPO group)
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off
     max_response_tokens: int = 1024  # all tokens after the prompt, tool output included
-    max_turns: int = 6  # assistant turns per trajectory
+    max_turns: int = 6  # generation segments (assistant turns) per trajectory
     max_code_calls: int = 4  # interpreter calls per trajectory
+    max_tokens_per_turn: int = 1024  # new tokens of one generation segment
+    max_tool_result_tokens: int = 512  # tokens of one interpreter result (head and tail kept)
+    overlap_sandbox: bool = True  # run half the batch's code while the other half generates
+    max_sandbox_infra_error_rate: float = 0.2  # above this share of failed sandbox calls a batch stops with an error
+    vllm_gpu_memory_utilization: float = 0.5  # vLLM only: share of GPU memory for weights + KV cache
+    vllm_enable_sleep_mode: bool = True  # vLLM only: free its GPU memory while the trainer runs
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
         _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        for key in ("max_response_tokens", "max_turns", "max_tokens_per_turn", "max_tool_result_tokens"):
+            _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
+        _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
+        _check(0 <= self.max_sandbox_infra_error_rate <= 1, "rollout.max_sandbox_infra_error_rate", "must be in [0, 1]")
+
+
+class ProtocolName(enum.Enum):
+    retool_tags = "retool_tags"  # <code>...</code> then <interpreter>...</interpreter>, in one assistant turn
+    chat_tool = "chat_tool"  # native tool calls through the tokenizer's chat template
+    none = "none"  # text only: the baseline without the interpreter
+
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Solve the math problem. You may run Python by writing a block\n<code>\n```python\n...\n```\n</code>\n"
+    "and you will see what it prints inside <interpreter>...</interpreter>. Each block runs in a fresh "
+    "interpreter (nothing carries over between blocks) with a short time limit, and only printed output "
+    "is shown, so print the values you need. Put the final answer in \\boxed{}."
+)
+
+
+@dataclass
+class ProtocolConfig:
+    """How model and interpreter exchange code and results (retool_cli/protocol.py)."""
+
+    name: ProtocolName = ProtocolName.retool_tags
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
 
 @dataclass
@@ -249,6 +284,7 @@ class RetoolConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 

@@ -1,0 +1,92 @@
+"""Generation speed: our HF engine against `model.generate` as TRL's GRPOTrainer calls it, on the
+workload of ../shared/bench/trl_grpo_baseline.py (same tiny model, tokenizer and prompts; 4 prompts x 8
+samples, 64 new tokens, temperature 1), alternating runs in one process. Also multi-turn throughput of
+the agent loop with 2 code calls per trajectory, with and without overlapping sandbox execution.
+
+    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def load_baseline_builders(bench_dir: Path):
+    spec = importlib.util.spec_from_file_location("trl_grpo_baseline", bench_dir / "trl_grpo_baseline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trl_style_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, seed: int) -> int:
+    """What TRL does without vLLM: repeat each prompt per generation, left-pad, one `generate` call."""
+    from transformers import GenerationConfig
+
+    batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left")
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(**batch, generation_config=config, disable_compile=True)
+    completions = out[:, batch["input_ids"].shape[1] :]
+    return int((completions != tokenizer.pad_token_id).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--skip-multiturn", action="store_true")
+    args = parser.parse_args()
+    from retool_cli.rollout.hf_engine import HFEngine, Sampling
+
+    base = load_baseline_builders(args.bench_dir)
+    work = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    tokenizer = base.build_tokenizer(str(work), vocab_size=512, seed=0)
+    base.build_model(str(work), tokenizer, hidden=256, layers=4, heads=4, seed=0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(work)).eval()
+    dataset = base.build_dataset(200, seed=0)
+    prompts = [tokenizer.apply_chat_template(dataset[i]["prompt"], add_generation_prompt=True, tokenize=True)
+               for i in range(4)]  # fmt: skip
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
+    grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
+    engine = HFEngine(model, tokenizer)
+    torch.set_num_threads(torch.get_num_threads())
+
+    ours_s, trl_s, ours_tokens, trl_tokens = [], [], [], []
+    for i in range(args.repeats + 1):  # the first round warms up both
+        started = time.perf_counter()
+        gens = engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
+        elapsed_ours = time.perf_counter() - started
+        started = time.perf_counter()
+        tokens = trl_style_generate(model, tokenizer, grouped, 64, seed=i)
+        elapsed_trl = time.perf_counter() - started
+        if i:
+            ours_s.append(elapsed_ours)
+            trl_s.append(elapsed_trl)
+            ours_tokens.append(sum(len(g.token_ids) for g in gens))
+            trl_tokens.append(tokens)
+    o, t = statistics.median(ours_s), statistics.median(trl_s)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")
+    print(f"ours (HFEngine):        median {o:.3f} s per batch, {statistics.mean(ours_tokens):.0f} tokens, {statistics.mean(ours_tokens) / o:.0f} tokens/s")
+    print(f"TRL-style model.generate: median {t:.3f} s per batch, {statistics.mean(trl_tokens):.0f} tokens, {statistics.mean(trl_tokens) / t:.0f} tokens/s")
+    print(f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})")
+    if not args.skip_multiturn:
+        from multiturn_bench import multiturn  # noqa: E402  (kept in its own file)
+
+        multiturn()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()

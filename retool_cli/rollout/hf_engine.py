@@ -1,0 +1,159 @@
+"""Generation with plain transformers: batched decoding with a KV cache, written for small batches of
+many samples of few prompts (GRPO groups), on CPU or CUDA.
+
+Why not `model.generate`: identical prompts of a group are prefilled once and their cache rows copied,
+finished rows leave the batch (their cache rows are dropped), and there is no logits-processor
+machinery per step. Per-row stop strings, EOS, budgets, temperature / top-p / top-k sampling, the
+sampled tokens' logprobs, and a seeded generator (same seed, same tokens on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from retool_cli.rollout.kv_decoder import HFCacheDecoder, KVDecoder, supports
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # new tokens, exactly as sampled (the stop string's tokens included)
+    logprobs: list[float]  # log p of each sampled token under the temperature-scaled policy
+    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
+
+
+class HFEngine:
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {i for i in [*eos_ids, tokenizer.eos_token_id] if i is not None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+    ) -> list[Generation]:
+        """One continuation per prompt; rows stop at EOS, a stop string, or their own token budget."""
+        if not prompts:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, max_new_tokens, stop_strings, sampling)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts, max_new_tokens, stop_strings, sampling) -> list[Generation]:
+        device = self.device
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        stopper = _StopChecker(self.tokenizer, stop_strings)
+        decoder = KVDecoder(self.model) if supports(self.model) else HFCacheDecoder(self.model)
+        # Prefill each distinct prompt once; the rows of a group then copy its cache.
+        unique: dict[tuple[int, ...], int] = {}
+        row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        ids, mask = _left_pad([list(p) for p in unique], self.pad_id, device)  # (U, W)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = decoder.prefill(ids, mask, positions, ids.shape[1] + max(max_new_tokens))  # (U, V)
+        rows = torch.tensor(row_of, device=device)
+        decoder.select(rows)
+        logits, positions = logits[rows], positions[rows, -1]  # (B, V), (B,)
+
+        n = len(prompts)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        active = list(range(n))  # batch row -> request index
+        while active:
+            next_ids, next_logps = _sample(logits, sampling, generator)  # (B,), (B,)
+            keep = []
+            for row, (request, token, logp) in enumerate(zip(active, next_ids.tolist(), next_logps.tolist(), strict=True)):
+                tokens[request].append(token)
+                logps[request].append(logp)
+                if token in self.eos_ids:
+                    finish[request] = "eos"
+                elif stopper.hit(tokens[request]):
+                    finish[request] = "stop"
+                elif len(tokens[request]) < max_new_tokens[request]:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(active):  # finished rows leave the batch and the cache
+                index = torch.tensor(keep, device=device)
+                decoder.select(index)
+                next_ids, positions = next_ids[index], positions[index]
+                active = [active[row] for row in keep]
+            positions = positions + 1
+            logits = decoder.step(next_ids, positions)
+        return [Generation(tokens[i], logps[i], finish[i]) for i in range(n)]
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return it and its logprob under the temperature-scaled distribution."""
+    if sampling.temperature == 0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        ids = logits.argmax(dim=-1)
+        return ids, logprobs.gather(-1, ids[:, None])[:, 0]
+    logprobs = torch.log_softmax(logits / sampling.temperature, dim=-1)  # (B, V)
+    filtered = logprobs
+    if sampling.top_k > 0:
+        kth = filtered.topk(min(sampling.top_k, filtered.shape[-1]), dim=-1).values[:, -1:]
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_lp, order = filtered.sort(dim=-1, descending=True)
+        cumulative = sorted_lp.exp().cumsum(dim=-1)
+        drop = cumulative - sorted_lp.exp() >= sampling.top_p  # keep the smallest set reaching top_p
+        filtered = filtered.scatter(-1, order, sorted_lp.masked_fill(drop, float("-inf")))
+    ids = torch.multinomial(filtered.exp(), 1, generator=generator)[:, 0]
+    return ids, logprobs.gather(-1, ids[:, None])[:, 0]
+
+
+class _StopChecker:
+    """Does a row's output end with a stop string? Single-token stop strings are an id lookup; others
+    decode only the last few tokens."""
+
+    def __init__(self, tokenizer: Any, stop_strings: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.strings = stop_strings
+        self.ids: set[int] = set()
+        self.tail = 0
+        for text in stop_strings:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) == 1 and tokenizer.decode(ids) == text:
+                self.ids.add(ids[0])
+            self.tail = max(self.tail, len(text) + 2)  # a token is at least one character
+
+    def hit(self, tokens: list[int]) -> bool:
+        if not self.strings:
+            return False
+        if tokens[-1] in self.ids:
+            return True
+        if len(self.ids) == len(self.strings):
+            return False
+        text = self.tokenizer.decode(tokens[-self.tail :])
+        return any(s in text for s in self.strings)  # a token may carry characters past the stop string
