@@ -42,7 +42,9 @@ def trl_style_generate(model, tokenizer, prompts: list[list[int]], new_tokens: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
+    parser.add_argument(
+        "--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench"
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-multiturn", action="store_true")
     args = parser.parse_args()
@@ -77,12 +79,20 @@ def main() -> None:
             ours_tokens.append(sum(len(g.token_ids) for g in gens))
             trl_tokens.append(tokens)
     o, t = statistics.median(ours_s), statistics.median(trl_s)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")
-    print(f"ours (HFEngine):        median {o:.3f} s per batch, {statistics.mean(ours_tokens):.0f} tokens, {statistics.mean(ours_tokens) / o:.0f} tokens/s")
-    print(f"TRL-style model.generate: median {t:.3f} s per batch, {statistics.mean(trl_tokens):.0f} tokens, {statistics.mean(trl_tokens) / t:.0f} tokens/s")
-    print(f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
+    )
+    print(
+        f"ours (HFEngine):        median {o:.3f} s per batch, {statistics.mean(ours_tokens):.0f} tokens, {statistics.mean(ours_tokens) / o:.0f} tokens/s"
+    )
+    print(
+        f"TRL-style model.generate: median {t:.3f} s per batch, {statistics.mean(trl_tokens):.0f} tokens, {statistics.mean(trl_tokens) / t:.0f} tokens/s"
+    )
+    print(
+        f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})"
+    )
     if not args.skip_multiturn:
-        from multiturn_bench import multiturn  # noqa: E402  (kept in its own file)
+        from multiturn_bench import multiturn
 
         multiturn()
 

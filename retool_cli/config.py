@@ -126,7 +126,9 @@ class RolloutConfig:
     max_tokens_per_turn: int = 1024  # new tokens of one generation segment
     max_tool_result_tokens: int = 512  # tokens of one interpreter result (head and tail kept)
     overlap_sandbox: bool = True  # run half the batch's code while the other half generates
-    max_sandbox_infra_error_rate: float = 0.2  # above this share of failed sandbox calls a batch stops with an error
+    max_sandbox_infra_error_rate: float = (
+        0.2  # above this share of failed sandbox calls a batch stops with an error
+    )
     vllm_gpu_memory_utilization: float = 0.5  # vLLM only: share of GPU memory for weights + KV cache
     vllm_enable_sleep_mode: bool = True  # vLLM only: free its GPU memory while the trainer runs
 
@@ -138,7 +140,11 @@ class RolloutConfig:
         for key in ("max_response_tokens", "max_turns", "max_tokens_per_turn", "max_tool_result_tokens"):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
-        _check(0 <= self.max_sandbox_infra_error_rate <= 1, "rollout.max_sandbox_infra_error_rate", "must be in [0, 1]")
+        _check(
+            0 <= self.max_sandbox_infra_error_rate <= 1,
+            "rollout.max_sandbox_infra_error_rate",
+            "must be in [0, 1]",
+        )
 
 
 class ProtocolName(enum.Enum):
@@ -161,6 +167,12 @@ class ProtocolConfig:
 
     name: ProtocolName = ProtocolName.retool_tags
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # chat_tool: the tool itself is described by the chat template's tools section
+    chat_tool_system_prompt: str = (
+        "Solve the math problem. You can call the code_interpreter tool to run Python; each call runs in a fresh "
+        "interpreter with a short time limit and returns only what the code prints. "
+        "Put the final answer in \\boxed{}."
+    )
     text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
 

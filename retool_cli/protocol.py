@@ -160,7 +160,9 @@ class TaggedProtocol:
         return parse_tagged_call(turn_text)
 
     def result_ids(self, result_text: str) -> list[int]:
-        return self.tokenizer.encode(f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False)
+        return self.tokenizer.encode(
+            f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False
+        )
 
 
 class ChatToolProtocol:
@@ -214,13 +216,15 @@ class ChatToolProtocol:
 
 
 def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | ChatToolProtocol:
     if cfg.name is ProtocolName.chat_tool:
-        return ChatToolProtocol(tokenizer, cfg.system_prompt)
+        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt)
     if cfg.name is ProtocolName.none:
         return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
     return TaggedProtocol(tokenizer, cfg.system_prompt)

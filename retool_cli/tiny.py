@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
     "{% if message['role'] == 'user' %}<|im_start|>user\n{{ message['content'] }}<|im_end|>\n"
     "{% elif message['role'] == 'assistant' %}<|im_start|>assistant\n{{ message['content'] or '' }}"
     "{% for call in message.get('tool_calls', []) %}"
-    "<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": "
+    '<tool_call>\n{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
     "{{ call['function']['arguments'] | tojson }}}\n</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n"
@@ -42,7 +42,15 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-TINY_SPEC = {"vocab_size": 400, "hidden": 64, "layers": 2, "heads": 4, "max_positions": 1024, "seed": 0, "version": 2}
+TINY_SPEC = {
+    "vocab_size": 400,
+    "hidden": 64,
+    "layers": 2,
+    "heads": 4,
+    "max_positions": 1024,
+    "seed": 0,
+    "version": 2,
+}
 
 
 def cache_root() -> Path:
@@ -78,9 +86,13 @@ def training_corpus(seed: int, n: int = 1800) -> list[str]:
 
     rng = random.Random(seed)
     lines = []
-    for _, question, answer in generate(SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed):
+    for _, question, answer in generate(
+        SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed
+    ):
         lines.append(question)
-        lines.append(f"Let me compute it.\n```python\nprint({rng.randint(2, 999)} * {rng.randint(2, 999)})\n```\n")
+        lines.append(
+            f"Let me compute it.\n```python\nprint({rng.randint(2, 999)} * {rng.randint(2, 999)})\n```\n"
+        )
         lines.append(f"The result is {answer}. So the answer is \\boxed{{{answer}}}.")
     lines += ["Traceback (most recent call last): NameError: name 'x' is not defined",
               "import sympy\nfrom math import comb, gcd\nsum(int(d) for d in str(2**100))",
@@ -124,6 +136,8 @@ def build_model(tokenizer, spec: dict):
     )  # fmt: skip
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     return model

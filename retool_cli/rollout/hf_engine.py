@@ -39,7 +39,9 @@ class HFEngine:
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {i for i in [*eos_ids, tokenizer.eos_token_id] if i is not None}
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        )
 
     @property
     def device(self) -> torch.device:
@@ -82,7 +84,9 @@ class HFEngine:
         while active:
             next_ids, next_logps = _sample(logits, sampling, generator)  # (B,), (B,)
             keep = []
-            for row, (request, token, logp) in enumerate(zip(active, next_ids.tolist(), next_logps.tolist(), strict=True)):
+            for row, (request, token, logp) in enumerate(
+                zip(active, next_ids.tolist(), next_logps.tolist(), strict=True)
+            ):
                 tokens[request].append(token)
                 logps[request].append(logp)
                 if token in self.eos_ids:
@@ -113,7 +117,9 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids.to(device), mask.to(device)
 
 
-def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return it and its logprob under the temperature-scaled distribution."""
     if sampling.temperature == 0:
         logprobs = torch.log_softmax(logits, dim=-1)

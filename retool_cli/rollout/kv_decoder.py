@@ -25,7 +25,9 @@ def supports(model: Any) -> bool:
     return not (config.model_type == "mistral" and getattr(config, "sliding_window", None))
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scale: float) -> torch.Tensor:
+def _attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q (B, H, T, D) against k, v (B, Hkv, L, D). One query per row (decoding) is two small batched
     matmuls, faster on CPU than the fused kernel; prefill uses the fused kernel."""
     groups = q.shape[1] // k.shape[1]
@@ -47,8 +49,12 @@ class HFCacheDecoder:
         self.cache: Any = None
         self.attention = torch.empty(0)
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    def prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         self.cache, self.attention = out.cache, mask
         return out.logits[:, -1].float()
 
@@ -78,7 +84,9 @@ class KVDecoder:
         self.key_mask = torch.empty(0)  # (B, capacity) True where a position holds a real token
         self.length = 0  # positions filled
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
+    def prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
+    ) -> torch.Tensor:
         """Run left-padded prompts (U, W); allocate room for `capacity` positions. Returns last logits (U, V)."""
         rows, width = ids.shape
         dtype, device = self.inner.embed_tokens.weight.dtype, ids.device
@@ -121,7 +129,9 @@ class KVDecoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             self.keys[index][:, :, start:end] = k
             self.values[index][:, :, start:end] = v
-            out = _attention(q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attend, attn.scaling)
+            out = _attention(
+                q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attend, attn.scaling
+            )
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = end

@@ -1,0 +1,244 @@
+"""The multi-turn agent loop: the model reasons, writes code, the sandbox runs it, the result goes back
+into the context, the model continues.
+
+    examples x group_size --prompt_ids--> Trajectory
+      loop: engine.generate (only rows still running) --> parse the turn -->
+            answered | out of budget | code --sandbox.run_many--> result ids (mask 0) appended --> again
+
+Token-in, token-out: a trajectory is the exact sampled ids plus the rendered tool segments; its
+history is never re-encoded. With `overlap_sandbox`, the batch runs as two cohorts so that one
+cohort's code executes while the other generates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from retool_cli.config import RolloutConfig
+from retool_cli.data import MathExample
+from retool_cli.protocol import format_result
+from retool_cli.rollout.hf_engine import Generation, Sampling
+from retool_cli.sandbox import SandboxError
+
+STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
+
+
+class Engine(Protocol):
+    def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
+                 sampling: Sampling) -> list[Generation]: ...  # fmt: skip
+
+
+@dataclass
+class Trajectory:
+    example: MathExample
+    sample_index: int  # index within the question's group
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)  # everything after the prompt, tool output included
+    response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = tool output
+    response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
+    turns: int = 0  # generation segments
+    code_calls: list[str] = field(default_factory=list)  # code sent to the sandbox
+    tool_results: list[dict] = field(
+        default_factory=list
+    )  # status, reason, duration_s, text shown to the model
+    invalid_calls: int = 0
+    segments: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # ("model" | "tool", decoded text), in order
+    stop_reason: str = ""  # one of STOP_REASONS once finished
+    truncated: bool = False  # stopped by a length limit in the middle of a turn or a tool result
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def final_text(self) -> str:
+        """The model's own text (tool output excluded): where the reward looks for the answer."""
+        return "".join(text for kind, text in self.segments if kind == "model")
+
+    @property
+    def text(self) -> str:
+        return "".join(text for _, text in self.segments)
+
+
+@dataclass
+class _ToolJob:
+    trajectory: Trajectory
+    code: str | None  # None: a malformed call, answered with `error`
+    error: str = ""
+
+
+def run_rollouts(
+    examples: list[MathExample], engine: Engine, protocol: Any, sandbox: Any, cfg: RolloutConfig, *,
+    seed: int, max_context_tokens: int, group_size: int | None = None, sampling: Sampling | None = None,
+) -> tuple[list[Trajectory], dict[str, float]]:  # fmt: skip
+    """Sample `group_size` trajectories per example (grouped: example 0's samples first). Returns the
+    trajectories and the batch's rollout metrics."""
+    group = group_size or cfg.group_size
+    base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
+    trajectories = [
+        Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)
+    ]
+    for t in trajectories:
+        if len(t.prompt_ids) >= max_context_tokens:
+            t.stop_reason, t.truncated = "context_overflow", True
+    loop = _Loop(engine, protocol, sandbox, cfg, base, max_context_tokens)
+    if sandbox is not None:
+        sandbox.reset_stats()
+    cohorts = (
+        [trajectories[0::2], trajectories[1::2]]
+        if cfg.overlap_sandbox and sandbox is not None
+        else [trajectories]
+    )
+    with ThreadPoolExecutor(1, thread_name_prefix="tools") as tools:
+        pending: list[Future | None] = [None] * len(cohorts)
+        step = 0
+        while True:
+            progressed = False
+            for c, cohort in enumerate(cohorts):
+                if pending[c] is not None:  # this cohort's code ran while the other cohort generated
+                    started = time.perf_counter()
+                    done = pending[c].result()
+                    loop.wait_tools_s += time.perf_counter() - started
+                    loop.apply_tool_results(done)
+                    pending[c] = None
+                running = [t for t in cohort if not t.stop_reason]
+                if not running:
+                    continue
+                progressed = True
+                jobs = loop.generate_round(running, seed_offset=step * len(cohorts) + c)
+                if jobs:
+                    pending[c] = tools.submit(loop.run_tools, jobs)
+            step += 1
+            if not progressed and all(p is None for p in pending):
+                break
+    return trajectories, loop.metrics(trajectories)
+
+
+class _Loop:
+    """The per-batch state of the loop: budgets, the engine and sandbox calls, timing."""
+
+    def __init__(
+        self, engine, protocol, sandbox, cfg: RolloutConfig, sampling: Sampling, max_context: int
+    ) -> None:
+        self.engine, self.protocol, self.sandbox, self.cfg = engine, protocol, sandbox, cfg
+        self.sampling, self.max_context = sampling, max_context
+        self.tokenizer = protocol.tokenizer
+        self.generate_s = self.wait_tools_s = 0.0
+        self.sampled_tokens = 0
+
+    def generate_round(self, running: list[Trajectory], seed_offset: int) -> list[_ToolJob]:
+        cfg = self.cfg
+        budgets = [min(cfg.max_tokens_per_turn, cfg.max_response_tokens - len(t.response_ids),
+                       self.max_context - len(t.token_ids)) for t in running]  # fmt: skip
+        sampling = Sampling(self.sampling.temperature, self.sampling.top_p, self.sampling.top_k,
+                            self.sampling.seed * 1_000_003 + seed_offset)  # fmt: skip
+        started = time.perf_counter()
+        generations = self.engine.generate(
+            [t.token_ids for t in running], budgets, self.protocol.stop_strings, sampling
+        )
+        self.generate_s += time.perf_counter() - started
+        jobs = []
+        for t, gen, budget in zip(running, generations, budgets, strict=True):
+            self.sampled_tokens += len(gen.token_ids)
+            t.response_ids += gen.token_ids
+            t.response_mask += [1] * len(gen.token_ids)
+            t.response_logprobs += gen.logprobs
+            t.turns += 1
+            turn_text = self.tokenizer.decode(gen.token_ids)
+            t.segments.append(("model", turn_text))
+            job = self._after_turn(t, gen, turn_text, budget)
+            if job is not None:
+                jobs.append(job)
+        return jobs
+
+    def _after_turn(self, t: Trajectory, gen: Generation, turn_text: str, budget: int) -> _ToolJob | None:
+        cfg = self.cfg
+        if gen.finish_reason == "eos":
+            t.stop_reason = "answered"
+        elif gen.finish_reason == "length":
+            t.truncated = True
+            t.stop_reason = "context_overflow" if len(t.token_ids) >= self.max_context else "length"
+        elif len(t.code_calls) + t.invalid_calls >= cfg.max_code_calls:
+            t.stop_reason = "code_budget"
+        elif t.turns >= cfg.max_turns:
+            t.stop_reason = "turn_budget"
+        else:
+            call = self.protocol.parse_call(turn_text)
+            if call.code is None:
+                t.invalid_calls += 1  # answered with the error, so the model can learn the format
+                return _ToolJob(t, None, call.error)
+            return _ToolJob(t, call.code)
+        return None
+
+    def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, Any, str]]:
+        """Run the batch's code concurrently; returns (job, ExecResult or None, text for the model)."""
+        codes = [job.code for job in jobs if job.code is not None]
+        results = iter(self.sandbox.run_many(codes) if codes else [])
+        out = []
+        for job in jobs:
+            if job.code is None:
+                out.append((job, None, job.error))
+            else:
+                result = next(results)
+                out.append(
+                    (job, result, format_result(result, self.tokenizer, self.cfg.max_tool_result_tokens))
+                )
+        self._check_sandbox_health()
+        return out
+
+    def _check_sandbox_health(self) -> None:
+        stats = self.sandbox.stats()
+        if stats["calls"] >= 8 and stats["infra_error_rate"] > self.cfg.max_sandbox_infra_error_rate:
+            raise SandboxError(
+                f"{stats['infra_errors']:.0f} of {stats['calls']:.0f} sandbox calls in this batch failed in the sandbox "
+                f"itself (above rollout.max_sandbox_infra_error_rate={self.cfg.max_sandbox_infra_error_rate}); "
+                "stopping instead of training without a working interpreter"
+            )
+
+    def apply_tool_results(self, done: list[tuple[_ToolJob, Any, str]]) -> None:
+        for job, result, text in done:
+            t = job.trajectory
+            ids = self.protocol.result_ids(text)
+            if job.code is not None:
+                t.code_calls.append(job.code)
+                t.tool_results.append({"status": result.status, "reason": result.reason,
+                                       "duration_s": result.duration_s, "text": text})  # fmt: skip
+            if len(t.response_ids) + len(ids) >= self.cfg.max_response_tokens:
+                t.stop_reason, t.truncated = "length", True
+            elif len(t.token_ids) + len(ids) >= self.max_context:
+                t.stop_reason, t.truncated = "context_overflow", True
+            else:
+                t.response_ids += ids
+                t.response_mask += [0] * len(ids)
+                t.response_logprobs += [0.0] * len(ids)
+                t.segments.append(("tool", self.tokenizer.decode(ids)))
+
+    def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        n = max(1, len(trajectories))
+        results = [r for t in trajectories for r in t.tool_results]
+        statuses = Counter(r["status"] for r in results)
+        calls = max(1, len(results))
+        tool_tokens = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
+        metrics = {
+            "rollout/turns": sum(t.turns for t in trajectories) / n,
+            "rollout/code_calls": sum(len(t.code_calls) for t in trajectories) / n,
+            "rollout/invalid_calls": sum(t.invalid_calls for t in trajectories) / n,
+            "rollout/code_error_rate": statuses["error"] / calls,
+            "rollout/code_timeout_rate": statuses["timeout"] / calls,
+            "rollout/code_killed_rate": statuses["killed"] / calls,
+            "rollout/tool_result_tokens": tool_tokens / n,
+            "rollout/response_tokens": sum(len(t.response_ids) for t in trajectories) / n,
+            "rollout/truncated": sum(t.truncated for t in trajectories) / n,
+            "rollout/generate_s": self.generate_s,
+            "rollout/wait_tools_s": self.wait_tools_s,  # time the loop waited on the sandbox (not overlapped)
+            "rollout/gen_tokens_per_s": self.sampled_tokens / self.generate_s if self.generate_s else 0.0,
+        }
+        for reason in STOP_REASONS:
+            metrics[f"rollout/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
+        return metrics
