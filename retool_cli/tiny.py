@@ -7,6 +7,7 @@ into a cache folder keyed by its settings; later calls load it from there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,10 +71,8 @@ def tiny_model_path(spec: dict | None = None) -> Path:
             tokenizer.save_pretrained(staging)
             build_model(tokenizer, spec).save_pretrained(staging)
             (staging / "retool_tiny.json").write_text(json.dumps(spec, indent=2))
-            try:
-                staging.rename(path)  # atomic: another process may have finished first
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # atomic; another process may have finished first
+                staging.rename(path)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return path

@@ -211,7 +211,7 @@ def test_budgets_stop_with_the_right_reason(tokenizer, sandbox) -> None:
 
 def test_malformed_call_is_answered_then_budget(tokenizer, sandbox) -> None:
     broken = lambda context, turn: "oops </code>" if turn < 1 else ANSWER_TURN  # noqa: E731
-    trajectories, metrics, _ = run(tokenizer, sandbox, broken)
+    trajectories, _, _ = run(tokenizer, sandbox, broken)
     t = trajectories[0]
     assert t.stop_reason == "answered" and t.invalid_calls == 1 and t.code_calls == []
     assert "Error: a code block must start with <code>" in t.text
