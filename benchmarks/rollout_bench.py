@@ -40,6 +40,61 @@ def trl_style_generate(model, tokenizer, prompts: list[list[int]], new_tokens: i
     return int((completions != tokenizer.pad_token_id).sum())
 
 
+class TimedReplay:
+    """The real model generates each turn (so generation costs what it costs), but the text that comes back
+    is a scripted turn: 2 code calls then an answer. Isolates the loop's scheduling of sandbox work."""
+
+    CODE = (
+        "<code>\n```python\nimport sympy\nx = sympy.Symbol('x')\nprint(sympy.factor(x**12 - 1))\n```\n</code>"
+    )
+
+    def __init__(self, engine, tokenizer) -> None:
+        self.engine, self.tokenizer = engine, tokenizer
+
+    def generate(self, prompts, max_new_tokens, stop_strings, sampling):
+        from retool_cli.rollout.hf_engine import Generation
+
+        outs = []
+        for prompt in prompts:
+            calls = self.tokenizer.decode(prompt).count("<interpreter>\n")
+            text = self.CODE if calls < 2 else "\\boxed{1}" + self.tokenizer.eos_token
+            outs.append(
+                (self.tokenizer.encode(text, add_special_tokens=False), "stop" if calls < 2 else "eos")
+            )
+        real = self.engine.generate(
+            prompts, [len(ids) for ids, _ in outs], [], sampling
+        )  # the cost of sampling them
+        assert len(real) == len(outs)
+        return [Generation(ids, [0.0] * len(ids), finish) for ids, finish in outs]
+
+
+def multiturn(model, tokenizer) -> None:
+    from retool_cli.config import RolloutConfig, SandboxConfig
+    from retool_cli.data import MathExample
+    from retool_cli.protocol import TaggedProtocol
+    from retool_cli.rollout.agent import run_rollouts
+    from retool_cli.rollout.hf_engine import HFEngine
+    from retool_cli.sandbox import Sandbox
+
+    examples = [MathExample(f"q{i}", f"What is {i}*{i + 1}?", str(i * (i + 1)), "bench") for i in range(4)]
+    engine = TimedReplay(HFEngine(model, tokenizer), tokenizer)
+    protocol = TaggedProtocol(tokenizer, "Solve it.")
+    with Sandbox(SandboxConfig(workers=2)) as sandbox:
+        for overlap in (False, True, False, True):
+            cfg = RolloutConfig(
+                group_size=8, max_response_tokens=400, max_tokens_per_turn=100, overlap_sandbox=overlap
+            )
+            started = time.perf_counter()
+            trajectories, metrics = run_rollouts(
+                examples, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512
+            )
+            elapsed = time.perf_counter() - started
+            assert all(len(t.code_calls) == 2 for t in trajectories)
+            print(f"multi-turn, overlap_sandbox={overlap!s:<5}: {len(trajectories) / elapsed:5.1f} trajectories/s "
+                  f"({elapsed:.2f} s for {len(trajectories)}, 2 code calls each; waited on sandbox "
+                  f"{metrics['rollout/wait_tools_s']:.2f} s)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -92,9 +147,7 @@ def main() -> None:
         f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})"
     )
     if not args.skip_multiturn:
-        from multiturn_bench import multiturn
-
-        multiturn()
+        multiturn(model, tokenizer)
 
 
 if __name__ == "__main__":

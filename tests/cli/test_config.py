@@ -44,6 +44,16 @@ def test_every_recipe_composes_for_every_command(command: str, recipe: str) -> N
     assert isinstance(cfg, RetoolConfig)
 
 
+@pytest.mark.parametrize(
+    ("group", "options"), [("protocol", ["retool_tags", "chat_tool", "none"]), ("rollout", ["hf", "vllm"])]
+)
+def test_protocol_and_rollout_groups(group: str, options: list[str]) -> None:
+    for option in options:
+        cfg = composed("prepare", [f"{group}={option}"])
+        value = cfg.protocol.name.value if group == "protocol" else cfg.rollout.engine.value
+        assert value == option
+
+
 def test_recipe_values_and_command_line_wins() -> None:
     smoke = composed("prepare", ["recipe=dapo_smoke"])
     assert smoke.data.source is DataSource.synthetic and smoke.model.device == "cpu"

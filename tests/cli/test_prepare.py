@@ -69,6 +69,12 @@ def test_multirun_makes_one_folder_per_job(tmp_path: Path) -> None:
     assert seeds == [1, 2]
 
 
+def test_joblib_launcher(tmp_path: Path) -> None:
+    run_retool("prepare", "hydra/launcher=joblib", "-m", "seed=1,2", "data.synthetic.num_examples=40", "data.dev_size=4",
+               cwd=tmp_path, check=True)  # fmt: skip
+    assert len(list((tmp_path / "outputs" / "prepare" / "multirun").rglob("manifest.json"))) == 2
+
+
 def test_cfg_job_prints_composed_config(tmp_path: Path) -> None:
     proc = run_retool("prepare", "seed=3", "--cfg", "job", "data=aime24", cwd=tmp_path, check=True)
     assert "seed: 3" in proc.stdout and "source: aime24" in proc.stdout
@@ -130,6 +136,7 @@ def test_help_lists_working_commands_and_groups(tmp_path: Path) -> None:
     sub = run_retool("prepare", "--help", cwd=tmp_path, check=True).stdout
     assert "data: aime24, aime25, dapo_math_17k, file, math500, synthetic" in sub
     assert "recipe: dapo_smoke" in sub
+    assert "protocol: chat_tool, none, retool_tags" in sub and "rollout: hf, vllm" in sub
 
 
 def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:

@@ -276,3 +276,17 @@ def test_real_rollout_tiny_model_is_deterministic(tokenizer, sandbox) -> None:
         mask = torch.tensor(t.response_mask, dtype=torch.bool)
         assert torch.allclose(sampled[mask], torch.tensor(t.response_logprobs)[mask], atol=1e-4)
     assert metrics["rollout/gen_tokens_per_s"] > 0
+
+
+def test_vllm_engine_missing_is_a_clear_error() -> None:
+    import importlib.util
+
+    from retool_cli.config import Engine, RetoolConfig
+    from retool_cli.rollout import build_engine
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    cfg = RetoolConfig()
+    cfg.rollout.engine = Engine.vllm
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*rollout.engine=hf"):
+        build_engine(cfg, None, None)
