@@ -73,8 +73,21 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             raise SystemExit(1) from None
 
     register_configs()
+    _quiet_libraries()
     sys.argv = [f"retool {command}", *hydra_argv(args)]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+def _quiet_libraries() -> None:
+    """Our own progress display only: no per-file bars from transformers or datasets."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 app = typer.Typer(
@@ -113,6 +126,25 @@ def prepare(ctx: typer.Context) -> None:
     from retool_cli.commands import prepare as command
 
     run_hydra_command("prepare", command.run, ctx.args)
+
+
+@app.command("eval", **_HYDRA_COMMAND)
+def eval_(ctx: typer.Context) -> None:
+    """A model or checkpoint on a benchmark: avg@k, pass@k, maj@k with error bars (resumable)."""
+    from retool_cli.commands import eval as command
+
+    run_hydra_command("eval", command.run, ctx.args)
+
+
+@app.command("eval-report")
+def eval_report(
+    runs: list[Path] = typer.Argument(..., help="eval run folders, or folders to search for results.json"),
+    out: Path = typer.Option(None, help="where report.md and report.png go (default: the first folder)"),
+) -> None:
+    """Compare eval runs (e.g. the jobs of `retool eval -m ckpt=A,B,C`): a markdown table and a plot."""
+    from retool_cli.report import write_report
+
+    write_report(runs, out)
 
 
 def main() -> None:

@@ -283,6 +283,48 @@ class RewardConfig:
         )
 
 
+# --------------------------------------------------------------------------- evaluation
+
+
+class SplitPart(enum.Enum):
+    all = "all"  # every problem of the source
+    dev = "dev"  # only the dev split that `retool prepare` makes with the same data settings and seed
+
+
+@dataclass
+class BenchmarkConfig:
+    """An evaluation set and its protocol: samples per problem and sampling settings (as in open-r1)."""
+
+    name: str = "smoke"
+    data: DataConfig | None = None  # where the problems come from; None = the run's own `data` section
+    part: SplitPart = SplitPart.all
+    n_samples: int = 4  # samples per problem (AIME 64, MATH-500 4)
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_response_tokens: int = 8192  # the token budget of one trajectory, tool output included
+    max_problems: int | None = None  # evaluate only the first N problems (quick checks)
+
+    def __post_init__(self) -> None:
+        _check(self.n_samples >= 1, "benchmark.n_samples", "must be >= 1")
+        _check(self.temperature >= 0, "benchmark.temperature", "must be >= 0")
+        _check(0 < self.top_p <= 1, "benchmark.top_p", "must be in (0, 1]")
+        _check(self.max_response_tokens >= 1, "benchmark.max_response_tokens", "must be >= 1")
+        _check(self.max_problems is None or self.max_problems >= 1, "benchmark.max_problems", "must be >= 1")
+
+
+@dataclass
+class EvalConfig:
+    """How `retool eval` runs (what it measures is `benchmark`)."""
+
+    questions_per_batch: int = 8  # problems per rollout batch (x benchmark.n_samples trajectories)
+    resume: bool = True  # continue an unfinished run of the identical config instead of starting over
+    bootstrap: int = 2000  # resamples for the 95% interval
+
+    def __post_init__(self) -> None:
+        _check(self.questions_per_batch >= 1, "eval.questions_per_batch", "must be >= 1")
+        _check(self.bootstrap >= 100, "eval.bootstrap", "must be >= 100")
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -299,6 +341,10 @@ class RetoolConfig:
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # a training checkpoint folder, or a training run folder (its latest checkpoint); overrides model.name_or_path
+    ckpt: str | None = None
 
 
 def register_configs() -> None:

@@ -13,6 +13,7 @@ from retool_cli.errors import ConfigError
 PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "hydra_settings")
 DATA_OPTIONS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+BENCHMARKS = sorted(p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml"))
 
 
 def composed(command: str, overrides: list[str]) -> RetoolConfig:
@@ -23,7 +24,8 @@ def composed(command: str, overrides: list[str]) -> RetoolConfig:
 
 
 def test_there_is_something_to_check() -> None:
-    assert "prepare" in PRIMARY
+    assert {"prepare", "eval"} <= set(PRIMARY)
+    assert {"aime24", "aime25", "math500", "smoke", "file"} <= set(BENCHMARKS)
     assert {"synthetic", "dapo_math_17k", "aime24", "aime25", "math500", "file"} <= set(DATA_OPTIONS)
     assert {"dapo_smoke", "retool_qwen2.5_7b"} <= set(RECIPES)
 
@@ -52,6 +54,14 @@ def test_protocol_and_rollout_groups(group: str, options: list[str]) -> None:
         cfg = composed("prepare", [f"{group}={option}"])
         value = cfg.protocol.name.value if group == "protocol" else cfg.rollout.engine.value
         assert value == option
+
+
+@pytest.mark.parametrize("option", BENCHMARKS)
+def test_every_benchmark_option_composes(option: str) -> None:
+    overrides = [f"benchmark={option}"] + (["benchmark.data.path=x.jsonl"] if option == "file" else [])
+    cfg = composed("eval", overrides)
+    assert cfg.benchmark.name == option
+    assert (cfg.benchmark.data is None) == (option == "smoke")
 
 
 def test_recipe_values_and_command_line_wins() -> None:

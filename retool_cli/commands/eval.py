@@ -1,0 +1,109 @@
+"""retool eval: avg@k / pass@k / maj@k with error bars for a model or checkpoint on a benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from retool_cli import __version__
+from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.evaluation import (
+    config_key,
+    find_resumable,
+    load_benchmark,
+    resolve_checkpoint,
+    sample_problems,
+    summarize,
+    training_step,
+)
+from retool_cli.files import write_json
+from retool_cli.modeling import load_model, load_tokenizer
+from retool_cli.protocol import build_protocol
+from retool_cli.reward import Verifier
+from retool_cli.rollout import build_engine
+from retool_cli.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+
+def run(config: RetoolConfig, run_dir: Path) -> None:
+    if config.ckpt:  # a training checkpoint replaces the model; its step labels the report
+        config = replace(
+            config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
+        )
+    problems = load_benchmark(config)
+    bench = config.benchmark
+    key = config_key(config)
+    out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
+    (out_dir / "eval_key.txt").write_text(key + "\n")
+    log.info("%s: %d problems x %d samples, model %s, protocol %s -> %s", bench.name, len(problems),
+             bench.n_samples, config.model.name_or_path, config.protocol.name.value, out_dir)  # fmt: skip
+
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model).eval()
+    engine = build_engine(config, model, tokenizer)
+    protocol = build_protocol(config.protocol, tokenizer)
+    use_tool = config.protocol.name is not ProtocolName.none
+    with contextlib.ExitStack() as stack:
+        sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
+        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task(f"eval {bench.name}", total=len(problems))
+            rows = sample_problems(problems, config, out_dir, engine, protocol, sandbox, verifier,
+                                   progress=lambda n: progress.advance(task, n))  # fmt: skip
+        metrics, table = summarize(
+            rows, problems, bench.n_samples, verifier, config.eval.bootstrap, config.seed
+        )
+    results = {
+        "metrics": metrics,
+        "protocol": {
+            "model": config.model.name_or_path, "ckpt": config.ckpt, "training_step": training_step(config.ckpt),
+            "benchmark": bench.name, "data": (bench.data or config.data).hub_id or (bench.data or config.data).path,
+            "revision": (bench.data or config.data).revision, "tool_protocol": config.protocol.name.value,
+            "n_samples": bench.n_samples, "temperature": bench.temperature, "top_p": bench.top_p,
+            "max_response_tokens": bench.max_response_tokens, "seed": config.seed, "engine": config.rollout.engine.value,
+            "versions": {"retool": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                         "transformers": _version("transformers"), "math_verify": _version("math-verify")},
+        },
+        "problems": table,
+    }  # fmt: skip
+    write_json(out_dir / "results.json", results)
+    _print_summary(bench.name, metrics, out_dir)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _print_summary(name: str, metrics: dict, out_dir: Path) -> None:
+    n = metrics["samples_per_problem"]
+    table = Table(title=f"retool eval: {name} ({metrics['problems']} problems x {n} samples)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    low, high = metrics["ci95_bootstrap"]
+    table.add_row(f"avg@{n} (pass@1)", f"{100 * metrics[f'avg@{n}']:.1f}%")
+    table.add_row("  ± se, sampling (these problems)", f"{100 * metrics['se_sampling']:.1f}")
+    table.add_row("  ± se, over problems", f"{100 * metrics['se_problems']:.1f}")
+    table.add_row("  95% bootstrap interval", f"[{100 * low:.1f}, {100 * high:.1f}]")
+    for key in [k for k in metrics if k.startswith(("pass@", "maj@"))]:
+        table.add_row(key, f"{100 * metrics[key]:.1f}%")
+    for key in ("format_rate", "truncation_rate", "solved_with_code", "code_error_rate", "code_timeout_rate"):
+        table.add_row(key, f"{100 * metrics[key]:.1f}%")
+    for key in ("turns", "code_calls", "response_tokens"):
+        table.add_row(key, f"{metrics[key]:.2f}")
+    Console().print(table)
+    log.info("wrote %s", out_dir / "results.json")

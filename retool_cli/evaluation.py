@@ -1,0 +1,205 @@
+"""Benchmark evaluation: sample every problem n times through the agent loop, judge, summarise.
+
+    problems --chunks of eval.questions_per_batch--> run_rollouts (seed per chunk) --> score_batch
+      --> samples.jsonl (appended chunk by chunk, fsync'd) --> summarize --> results.json
+
+Resumable: a chunk is written only when complete and its seed depends on its index alone, so a
+killed run continued later samples exactly what the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from retool_cli.config import RetoolConfig, RewardFunction, SplitPart
+from retool_cli.data import MathExample, prepare_dataset
+from retool_cli.errors import ConfigError, DataError
+from retool_cli.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
+from retool_cli.reward import Verifier, score_batch
+from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
+
+log = logging.getLogger(__name__)
+
+
+def load_benchmark(cfg: RetoolConfig) -> list[MathExample]:
+    bench = cfg.benchmark
+    train, dev, _ = prepare_dataset(bench.data or cfg.data, cfg.seed)
+    if bench.part is SplitPart.dev:
+        if not dev:
+            raise ConfigError(
+                f"benchmark.part=dev but the data has no dev split (data.dev_size=0) for {bench.name}"
+            )
+        problems = dev
+    else:
+        problems = train + dev
+    return problems[: bench.max_problems] if bench.max_problems else problems
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """A checkpoint folder as is; a training run folder -> its latest checkpoints/step_N."""
+    folder = Path(path)
+    if (folder / "config.json").exists():
+        return folder
+    steps = sorted((folder / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
+    if not steps:
+        raise ConfigError(
+            f"ckpt={path}: neither a checkpoint (no config.json) nor a run folder with checkpoints/step_*"
+        )
+    return steps[-1]
+
+
+def training_step(path: str | None) -> int | None:
+    match = re.search(r"step_(\d+)", path or "")
+    return int(match.group(1)) if match else None
+
+
+# ------------------------------------------------------------------ resume
+
+
+def config_key(cfg: RetoolConfig) -> str:
+    """Identifies an evaluation: identical configs may continue each other's unfinished samples."""
+    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
+    keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_resumable(run_dir: Path, key: str, search_root: Path) -> Path:
+    """The folder to write into: this one, or an unfinished run of the same config under `search_root`."""
+    if (run_dir / "samples.jsonl").exists():
+        return run_dir
+    candidates = [p.parent for p in search_root.rglob("eval_key.txt")
+                  if p.read_text().strip() == key and not (p.parent / "results.json").exists()
+                  and (p.parent / "samples.jsonl").exists() and p.parent != run_dir]  # fmt: skip
+    if not candidates:
+        return run_dir
+    latest = max(candidates, key=lambda p: (p / "samples.jsonl").stat().st_mtime)
+    (run_dir / "resumed_into.txt").write_text(f"{latest}\n")
+    log.info("resuming the unfinished evaluation in %s", latest)
+    return latest
+
+
+def read_samples(path: Path) -> list[dict]:
+    """Rows of samples.jsonl; a torn last line (a kill in mid-write) is cut off the file."""
+    if not path.exists():
+        return []
+    rows, good_bytes = [], 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+            good_bytes += len(line)
+    if good_bytes < path.stat().st_size:
+        with open(path, "r+b") as handle:
+            handle.truncate(good_bytes)
+    return rows
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Path, engine: Any, protocol: Any,
+                    sandbox: Any, verifier: Verifier, progress: Any = None) -> list[dict]:  # fmt: skip
+    """Sample and judge every problem n times, skipping chunks already in samples.jsonl."""
+    bench, per_batch = cfg.benchmark, cfg.eval.questions_per_batch
+    path = out_dir / "samples.jsonl"
+    done = {(r["problem_id"], r["sample_index"]) for r in read_samples(path)}
+    rollout = replace(cfg.rollout, group_size=bench.n_samples, temperature=bench.temperature, top_p=bench.top_p,
+                      max_response_tokens=bench.max_response_tokens)  # fmt: skip
+    judge = replace(
+        cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0
+    )
+    chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
+    for index, chunk in enumerate(chunks):
+        if all((p.id, j) in done for p in chunk for j in range(bench.n_samples)):
+            _advance(progress, len(chunk))
+            continue
+        seed = cfg.seed * 1_000_003 + index
+        trajectories, _ = run_rollouts(chunk, engine, protocol, sandbox, rollout, seed=seed,
+                                       max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
+        scores = score_batch([(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories],
+                             judge, verifier)  # fmt: skip
+        append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
+        _advance(progress, len(chunk))
+    return read_samples(path)
+
+
+def _advance(progress: Any, n: int) -> None:
+    if progress is not None:
+        progress(n)
+
+
+def _sample_row(t: Any, s: Any, seed: int) -> dict:
+    statuses = Counter(r["status"] for r in t.tool_results)
+    return {
+        "problem_id": t.example.id, "sample_index": t.sample_index, "seed": seed, "answer": s.extracted,
+        "correct": s.correct, "formatted": s.formatted, "truncated": t.truncated, "judge_timed_out": s.timed_out,
+        "turns": t.turns, "code_calls": len(t.code_calls), "code_errors": statuses["error"],
+        "code_timeouts": statuses["timeout"], "response_tokens": len(t.response_ids), "stop_reason": t.stop_reason,
+        "text": t.text,
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------ summary
+
+
+def summarize(rows: list[dict], problems: list[MathExample], n: int, verifier: Verifier,
+              bootstrap: int, seed: int) -> tuple[dict[str, Any], list[dict]]:  # fmt: skip
+    """Benchmark metrics and the per-problem table from the sample rows."""
+    by_problem: dict[str, list[dict]] = {}
+    for row in rows:
+        by_problem.setdefault(row["problem_id"], []).append(row)
+    missing = [p.id for p in problems if len(by_problem.get(p.id, [])) < n]
+    if missing:
+        raise DataError(f"samples.jsonl lacks samples of {len(missing)} problems (first: {missing[0]})")
+    table, correct = [], []
+    maj_hits: dict[int, list[bool]] = {k: [] for k in k_values(n)}
+    for problem in problems:
+        samples = sorted(by_problem[problem.id], key=lambda r: r["sample_index"])[:n]
+        flags = [bool(r["correct"]) for r in samples]
+        correct.append(flags)
+        answers = [r["answer"] for r in samples]
+        for k in maj_hits:
+            majority = majority_answer(answers[:k], verifier.is_equivalent)
+            maj_hits[k].append(majority is not None and verifier.is_equivalent(problem.answer, majority))
+        table.append({"problem_id": problem.id, "correct": sum(flags), "n": n,
+                      "majority_answer": majority_answer(answers, verifier.is_equivalent), "reference": problem.answer})  # fmt: skip
+    acc = avg_at_k(correct, bootstrap=bootstrap, seed=seed)
+    flat = [r for p in problems for r in by_problem[p.id][:n]]
+    calls = sum(r["code_calls"] for r in flat)
+    metrics: dict[str, Any] = {
+        f"avg@{n}": acc.mean, "se_sampling": acc.se_sampling, "se_problems": acc.se_problems,
+        "ci95_bootstrap": list(acc.ci95), "problems": len(problems), "samples_per_problem": n,
+        **{f"pass@{k}": mean([pass_at_k(n, sum(f), k) for f in correct]) for k in k_values(n)},
+        **{f"maj@{k}": mean([float(h) for h in hits]) for k, hits in maj_hits.items()},
+        "format_rate": mean([float(r["formatted"]) for r in flat]),
+        "truncation_rate": mean([float(r["truncated"]) for r in flat]),
+        "turns": mean([r["turns"] for r in flat]),
+        "code_calls": mean([r["code_calls"] for r in flat]),
+        "solved_with_code": mean([float(r["correct"] and r["code_calls"] > 0) for r in flat]),
+        "code_error_rate": sum(r["code_errors"] for r in flat) / calls if calls else 0.0,
+        "code_timeout_rate": sum(r["code_timeouts"] for r in flat) / calls if calls else 0.0,
+        "response_tokens": mean([r["response_tokens"] for r in flat]),
+        "judge_timeouts": sum(bool(r["judge_timed_out"]) for r in flat),
+        **{f"stop_{reason}": mean([float(r["stop_reason"] == reason) for r in flat]) for reason in STOP_REASONS},
+    }  # fmt: skip
+    return metrics, table

@@ -1,0 +1,109 @@
+"""`retool eval` and `retool eval-report` end to end with the tiny model, through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import read_jsonl, run_retool, write_jsonl
+
+SMALL = ["recipe=dapo_smoke", "benchmark.max_problems=6", "benchmark.n_samples=4", "eval.questions_per_batch=1",
+         "benchmark.max_response_tokens=96", "eval.bootstrap=200"]  # fmt: skip
+
+
+def results_of(folder: Path) -> dict:
+    [path] = list(folder.rglob("results.json"))
+    return json.loads(path.read_text())
+
+
+def test_eval_smoke_end_to_end(tmp_path: Path) -> None:
+    proc = run_retool("eval", *SMALL, "hydra.run.dir=run", cwd=tmp_path, check=True)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    metrics = results["metrics"]
+    assert metrics["problems"] == 6 and metrics["samples_per_problem"] == 4
+    assert {
+        "avg@4",
+        "pass@1",
+        "pass@2",
+        "pass@4",
+        "maj@4",
+        "se_sampling",
+        "se_problems",
+        "ci95_bootstrap",
+    } <= set(metrics)
+    assert metrics["pass@1"] == metrics["avg@4"]
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert len(samples) == 24 and len({(s["problem_id"], s["sample_index"]) for s in samples}) == 24
+    assert {"text", "answer", "correct", "turns", "code_calls", "stop_reason", "seed"} <= set(samples[0])
+    assert len(results["problems"]) == 6 and results["protocol"]["n_samples"] == 4
+    assert "avg@4 (pass@1)" in proc.stdout and "se, over problems" in proc.stdout
+
+
+def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    whole.mkdir()
+    broken.mkdir()
+    run_retool("eval", *SMALL, cwd=whole, check=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", "eval", *SMALL], cwd=broken, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    samples: list[Path] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        samples = list(broken.rglob("samples.jsonl"))
+        if samples and len(samples[0].read_text().splitlines()) >= 8:  # two of six problems done
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert samples, "the run never wrote a sample"
+    done_before = len(samples[0].read_text().splitlines())
+    assert done_before < 24, "the run finished before it could be killed"
+    run_retool("eval", *SMALL, cwd=broken, check=True)  # the same command again
+    resumed = results_of(broken)
+    assert resumed["metrics"] == results_of(whole)["metrics"]
+    folder = Path(next(broken.rglob("results.json")).parent)
+    assert folder == samples[0].parent  # finished in the interrupted run's folder
+    texts = lambda d: sorted(
+        (r["problem_id"], r["sample_index"], r["text"]) for r in read_jsonl(next(d.rglob("samples.jsonl")))
+    )  # noqa: E731
+    assert texts(broken) == texts(whole)
+
+
+def test_malformed_benchmark_file_names_file_and_line(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "bench.jsonl", [{"problem": "What is 1+1?", "answer": "2"}, "{broken"])
+    proc = run_retool("eval", "benchmark=file", f"benchmark.data.path={path}", "model.name_or_path=tiny",
+                      "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    assert f"{path}:2: malformed JSON" in proc.stdout + proc.stderr
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_aime24_from_a_local_file_in_the_hub_layout(tmp_path: Path) -> None:
+    rows = [{"id": 60 + i, "problem": f"What is {i} * 7?", "solution": "...", "answer": f"{7 * i:03d}", "url": "u",
+             "year": "2024"} for i in range(3)]  # fmt: skip
+    path = write_jsonl(tmp_path / "aime_2024.jsonl", rows)
+    run_retool("eval", "benchmark=aime24", f"benchmark.data.path={path}", "benchmark.n_samples=2",
+               "benchmark.max_response_tokens=48", "model.name_or_path=tiny", "eval.bootstrap=200",
+               "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [p["problem_id"] for p in results["problems"]] == ["60", "61", "62"]
+    assert [p["reference"] for p in results["problems"]] == ["000", "007", "014"]
+    assert results["protocol"]["benchmark"] == "aime24" and results["metrics"]["samples_per_problem"] == 2
+
+
+def test_multirun_and_report(tmp_path: Path) -> None:
+    run_retool("eval", *SMALL, "benchmark.max_problems=2", "-m", "seed=0,1", cwd=tmp_path, check=True)
+    [sweep] = list((tmp_path / "outputs" / "eval" / "multirun").glob("*/*"))
+    proc = run_retool("eval-report", str(sweep), cwd=tmp_path, check=True)
+    report = (sweep / "report.md").read_text()
+    assert report.count("| tiny |") == 2 and "avg@n" in report
+    assert (sweep / "report.png").read_bytes()[:4] == b"\x89PNG"
+    assert "report.md" in proc.stdout
+    missing = run_retool("eval-report", str(tmp_path / "nothing"), cwd=tmp_path)
+    assert missing.returncode != 0 and "no such folder" in missing.stdout + missing.stderr

@@ -1,0 +1,60 @@
+"""metrics.py against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from retool_cli.metrics import avg_at_k, k_values, majority_answer, pass_at_k
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (10, 0, 1, 0.0),  # never right
+        (10, 10, 5, 1.0),  # always right
+        (5, 2, 5, 1.0),  # k = n: right if any sample is
+        (5, 0, 5, 0.0),
+        (4, 1, 1, 0.25),  # pass@1 = c/n
+        (4, 2, 2, 1 - 1 / 6),  # 1 - C(2,2)/C(4,2)
+        (10, 3, 4, 1 - math.comb(7, 4) / math.comb(10, 4)),
+        (64, 1, 8, 8 / 64),  # one right sample: P(it is among 8 of 64)
+    ],
+)
+def test_pass_at_k(n: int, c: int, k: int, expected: float) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_is_stable_for_large_n_and_rejects_bad_input() -> None:
+    assert pass_at_k(1000, 1, 1) == pytest.approx(0.001)
+    assert 0 < pass_at_k(10_000, 5, 100) < 1
+    for args in [(4, 5, 1), (4, 1, 0), (4, 1, 5), (4, -1, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*args)
+
+
+def test_k_values() -> None:
+    assert k_values(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert k_values(6) == [1, 2, 4, 6]
+    assert k_values(1) == [1]
+
+
+def test_avg_at_k_standard_errors_on_a_known_matrix() -> None:
+    correct = [[True, True, False, False], [True, True, True, True], [False, False, False, False]]
+    acc = avg_at_k(correct, bootstrap=500, seed=0)
+    assert acc.mean == pytest.approx(0.5)
+    # sampling: sum_i p_i(1-p_i)/(n-1) = 0.25/3 (only the first problem varies); sqrt(.)/3
+    assert acc.se_sampling == pytest.approx(math.sqrt(0.25 / 3) / 3)
+    # over problems: rates 0.5, 1, 0 -> sample variance 0.25 -> sqrt(0.25 / 3)
+    assert acc.se_problems == pytest.approx(math.sqrt(0.25 / 3))
+    assert 0.0 <= acc.ci95[0] <= 0.5 <= acc.ci95[1] <= 1.0
+    assert avg_at_k(correct, bootstrap=500, seed=0) == acc  # seeded
+
+
+def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> None:
+    same = lambda a, b: a.replace("0.5", "1/2") == b.replace("0.5", "1/2")  # noqa: E731
+    assert majority_answer(["3", "1/2", "0.5", "3", "1/2"], same) == "1/2"  # {1/2, 0.5, 1/2} beats {3, 3}
+    assert majority_answer(["7", "5", "5", "7"], same) == "7"  # tie: the first seen wins
+    assert majority_answer([None, None, "4"], same) == "4"  # missing answers do not vote
+    assert majority_answer([None], same) is None
