@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -138,13 +139,22 @@ def eval_(ctx: typer.Context) -> None:
 
 @app.command("eval-report")
 def eval_report(
-    runs: list[Path] = typer.Argument(..., help="eval run folders, or folders to search for results.json"),
-    out: Path = typer.Option(None, help="where report.md and report.png go (default: the first folder)"),
+    runs: Annotated[
+        list[Path], typer.Argument(help="eval run folders, or folders to search for results.json")
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="where report.md and report.png go (default: the first folder)")
+    ] = None,
 ) -> None:
     """Compare eval runs (e.g. the jobs of `retool eval -m ckpt=A,B,C`): a markdown table and a plot."""
+    from retool_cli.errors import RetoolError
     from retool_cli.report import write_report
 
-    write_report(runs, out)
+    try:
+        write_report(runs, out)
+    except RetoolError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

@@ -69,9 +69,11 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
     assert resumed["metrics"] == results_of(whole)["metrics"]
     folder = Path(next(broken.rglob("results.json")).parent)
     assert folder == samples[0].parent  # finished in the interrupted run's folder
-    texts = lambda d: sorted(
-        (r["problem_id"], r["sample_index"], r["text"]) for r in read_jsonl(next(d.rglob("samples.jsonl")))
-    )  # noqa: E731
+
+    def texts(folder: Path) -> list:
+        rows = read_jsonl(next(folder.rglob("samples.jsonl")))
+        return sorted((r["problem_id"], r["sample_index"], r["text"]) for r in rows)
+
     assert texts(broken) == texts(whole)
 
 

@@ -53,7 +53,7 @@ def test_avg_at_k_standard_errors_on_a_known_matrix() -> None:
 
 
 def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> None:
-    same = lambda a, b: a.replace("0.5", "1/2") == b.replace("0.5", "1/2")  # noqa: E731
+    same = lambda a, b: a.replace("0.5", "1/2") == b.replace("0.5", "1/2")
     assert majority_answer(["3", "1/2", "0.5", "3", "1/2"], same) == "1/2"  # {1/2, 0.5, 1/2} beats {3, 3}
     assert majority_answer(["7", "5", "5", "7"], same) == "7"  # tie: the first seen wins
     assert majority_answer([None, None, "4"], same) == "4"  # missing answers do not vote
