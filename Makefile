@@ -6,9 +6,11 @@ BIN := $(VENV)/bin
 
 .PHONY: smoke test lint system-deps clean
 
-# The offline smoke pipeline on the built-in synthetic task (CPU, no download).
+# The offline smoke pipeline on the built-in synthetic task (CPU, no download): data, then an eval
+# of the tiny model on the dev split (sft and train join this pipeline as they land).
 smoke: $(VENV)/.installed
 	$(BIN)/retool prepare recipe=dapo_smoke
+	$(BIN)/retool eval recipe=dapo_smoke
 
 # Lint, then the test suite.
 test: $(VENV)/.installed-dev
