@@ -204,6 +204,16 @@ def read_hub_rows(hub_id: str, revision: str, split: str) -> Iterator[RawRow]:
     yield from _dataset_rows(dataset, f"{hub_id}[{split}]")
 
 
+def resolve_hub_revision(hub_id: str, revision: str) -> str | None:
+    """The commit a branch or tag points to now, recorded so that a run can be pinned afterwards (None offline)."""
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(hub_id, revision=revision).sha
+    except Exception:  # offline, a local folder as hub_id, or no such repo: nothing to record
+        return None
+
+
 def _dataset_rows(dataset: Any, name: str) -> Iterator[RawRow]:
     for index, row in enumerate(dataset):
         yield RawRow(f"{name} row {index}", dict(row))
@@ -262,6 +272,7 @@ class PrepareStats:
     kept_dev: int = 0
     dropped: Counter = field(default_factory=Counter)  # reason -> rows
     repaired: Counter = field(default_factory=Counter)  # repair -> rows
+    resolved_revision: str | None = None  # the hub commit that was read, when known
 
 
 def to_examples(rows: Iterable[RawRow], cfg: DataConfig, stats: PrepareStats) -> list[MathExample]:
@@ -346,6 +357,8 @@ def prepare_dataset(cfg: DataConfig, seed: int) -> tuple[list[MathExample], list
         rows: Iterable[RawRow] = generate_rows(cfg.synthetic, seed, cfg.name)
     else:
         rows = read_source_rows(cfg)
+        if cfg.hub_id and not cfg.path:
+            stats.resolved_revision = resolve_hub_revision(cfg.hub_id, cfg.revision)
     examples = dedupe(to_examples(rows, cfg, stats), stats)
     if not examples:
         raise DataError(f"no usable examples in data source {cfg.name!r} ({stats.read} rows read)")

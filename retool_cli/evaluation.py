@@ -31,9 +31,10 @@ from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
 log = logging.getLogger(__name__)
 
 
-def load_benchmark(cfg: RetoolConfig) -> list[MathExample]:
+def load_benchmark(cfg: RetoolConfig) -> tuple[list[MathExample], str | None]:
+    """The problems to evaluate and the hub commit they came from (None for local or generated data)."""
     bench = cfg.benchmark
-    train, dev, _ = prepare_dataset(bench.data or cfg.data, cfg.seed)
+    train, dev, stats = prepare_dataset(bench.data or cfg.data, cfg.seed)
     if bench.part is SplitPart.dev:
         if not dev:
             raise ConfigError(
@@ -42,7 +43,7 @@ def load_benchmark(cfg: RetoolConfig) -> list[MathExample]:
         problems = dev
     else:
         problems = train + dev
-    return problems[: bench.max_problems] if bench.max_problems else problems
+    return (problems[: bench.max_problems] if bench.max_problems else problems), stats.resolved_revision
 
 
 def resolve_checkpoint(path: str) -> Path:

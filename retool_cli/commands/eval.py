@@ -39,7 +39,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         config = replace(
             config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
         )
-    problems = load_benchmark(config)
+    problems, resolved_revision = load_benchmark(config)
     bench = config.benchmark
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
@@ -68,7 +68,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         "protocol": {
             "model": config.model.name_or_path, "ckpt": config.ckpt, "training_step": training_step(config.ckpt),
             "benchmark": bench.name, "data": (bench.data or config.data).hub_id or (bench.data or config.data).path,
-            "revision": (bench.data or config.data).revision, "tool_protocol": config.protocol.name.value,
+            "revision": (bench.data or config.data).revision, "resolved_revision": resolved_revision, "tool_protocol": config.protocol.name.value,
             "n_samples": bench.n_samples, "temperature": bench.temperature, "top_p": bench.top_p,
             "max_response_tokens": bench.max_response_tokens, "seed": config.seed, "engine": config.rollout.engine.value,
             "versions": {"retool": __version__, "torch": torch.__version__, "python": platform.python_version(),

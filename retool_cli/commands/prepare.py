@@ -35,6 +35,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         "name": data.name,
         "hub_id": None if data.path else data.hub_id,
         "revision": None if data.path else data.revision,
+        "resolved_revision": stats.resolved_revision,  # the commit read; pass it as data.revision to pin
         "path": data.path,
         "seed": config.seed,
         "counts": {

@@ -58,3 +58,18 @@ def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> Non
     assert majority_answer(["7", "5", "5", "7"], same) == "7"  # tie: the first seen wins
     assert majority_answer([None, None, "4"], same) == "4"  # missing answers do not vote
     assert majority_answer([None], same) is None
+
+
+def test_resolve_checkpoint_and_step(tmp_path) -> None:
+    from retool_cli.errors import ConfigError
+    from retool_cli.evaluation import resolve_checkpoint, training_step
+
+    for step in (5, 100, 20):
+        folder = tmp_path / "run" / "checkpoints" / f"step_{step}"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    assert resolve_checkpoint(str(tmp_path / "run")).name == "step_100"  # the latest, not the last listed
+    assert resolve_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_5")).name == "step_5"
+    assert training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20 and training_step("gpt2") is None
+    with pytest.raises(ConfigError, match="neither a checkpoint"):
+        resolve_checkpoint(str(tmp_path))
