@@ -1,0 +1,119 @@
+"""Advantages and policy losses of the GRPO / DAPO family: pure tensor functions.
+
+Shapes: N trajectories, T response tokens (padded); `mask` (N, T) is 1 on tokens the model sampled
+and 0 on prompt padding and tool output, so interpreter text never receives gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4) -> torch.Tensor:
+    """Per-trajectory advantages (N,) from rewards (N,) compared within their group (same question).
+
+    grpo: (r - group mean) / (group std + eps), std unbiased as in TRL; dr_grpo: r - group mean
+    (no std scaling, Liu et al. 2025); rloo: r - mean of the *other* samples of the group.
+    """
+    advantages = torch.zeros_like(rewards)
+    for group in torch.unique(group_ids):
+        members = group_ids == group
+        r = rewards[members]
+        centred = r - r.mean()
+        if estimator == "grpo":
+            std = r.std() if r.numel() > 1 else torch.zeros((), dtype=r.dtype)
+            advantages[members] = centred / (std + eps)
+        elif estimator == "dr_grpo":
+            advantages[members] = centred
+        elif estimator == "rloo":
+            n = r.numel()
+            advantages[members] = centred * n / (n - 1) if n > 1 else torch.zeros_like(r)
+        else:
+            raise ValueError(f"unknown advantage estimator {estimator!r} (grpo, dr_grpo, rloo)")
+    return advantages
+
+
+def degenerate_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """(N,) True where the trajectory's group has identical rewards: zero advantage, no gradient
+    (DAPO's dynamic sampling drops these groups and samples more)."""
+    out = torch.zeros_like(rewards, dtype=torch.bool)
+    for group in torch.unique(group_ids):
+        members = group_ids == group
+        out[members] = bool((rewards[members] == rewards[members][0]).all())
+    return out
+
+
+@dataclass
+class LossStats:
+    clip_fraction: float  # share of model tokens whose ratio was clipped
+    approx_kl: float  # mean of (ratio - 1) - log ratio over model tokens (k3 estimate of KL(old || new))
+    ratio_mean: float
+
+
+def policy_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+    clip_low: float, clip_high: float, aggregation: str, dual_clip: float | None = None, max_tokens: int | None = None,
+    loss_scale_tokens: float | None = None,
+) -> tuple[torch.Tensor, LossStats]:  # fmt: skip
+    """PPO clipped surrogate with separate low/high clip bounds (DAPO's clip-higher) and optional dual
+    clip for negative advantages. logp, old_logp, mask: (N, T); advantages: (N,) or (N, T).
+
+    aggregation: token_mean (sum over the batch's model tokens / their count; DAPO), seq_mean_token_mean
+    (per-sequence mean, then mean; GRPO), seq_mean_token_sum_norm (token sum / (N * max_tokens); Dr.GRPO).
+    `loss_scale_tokens` replaces the token count of token_mean when a mini-batch is split into micro-batches
+    (so gradients equal those of the whole mini-batch).
+    """
+    mask = mask.to(logp.dtype)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (N, 1) or (N, T)
+    ratio = torch.exp(logp - old_logp)  # (N, T)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:  # bound the loss of very large ratios on negative advantages
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    loss = aggregate(per_token, mask, aggregation, max_tokens, loss_scale_tokens)
+    with torch.no_grad():
+        tokens = mask.sum().clamp(min=1)
+        was_clipped = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).to(mask.dtype)
+        log_ratio = logp - old_logp
+        stats = LossStats(
+            clip_fraction=float((was_clipped * mask).sum() / tokens),
+            approx_kl=float((((ratio - 1) - log_ratio) * mask).sum() / tokens),
+            ratio_mean=float((ratio * mask).sum() / tokens),
+        )
+    return loss, stats
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str, max_tokens: int | None = None,
+              loss_scale_tokens: float | None = None) -> torch.Tensor:  # fmt: skip
+    if aggregation == "token_mean":
+        return (per_token * mask).sum() / (loss_scale_tokens or mask.sum().clamp(min=1))
+    if aggregation == "seq_mean_token_mean":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if aggregation == "seq_mean_token_sum_norm":
+        return (per_token * mask).sum() / (per_token.shape[0] * (max_tokens or per_token.shape[1]))
+    raise ValueError(f"unknown loss aggregation {aggregation!r}")
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL(new || ref) estimates: k1 = log r, k3 = exp(-log r) - 1 + log r (always >= 0)."""
+    log_ratio = logp - ref_logp
+    if kind == "k1":
+        return log_ratio
+    if kind == "k3":
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r} (k1, k3)")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """(N, T, V) -> (N, T) entropy of the softmax."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) per position: logits (N, T, V) predicting targets (N, T)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets[..., None])[..., 0]

@@ -1,0 +1,129 @@
+"""algorithms.py against hand-computed tensors, and parity with TRL's GRPOTrainer formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from retool_cli.algorithms import (
+    aggregate,
+    degenerate_groups,
+    entropy_from_logits,
+    group_advantages,
+    kl_penalty,
+    policy_loss,
+    token_logprobs,
+)
+
+REWARDS = torch.tensor([1.0, -1.0, -1.0, -1.0, 1.0, 1.0])
+GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])
+
+
+def test_grpo_advantages_by_hand() -> None:
+    adv = group_advantages(REWARDS, GROUPS, "grpo", eps=0.0)
+    # group 0: mean -1/3, unbiased std sqrt(((4/3)^2 + 2*(2/3)^2)/2) = sqrt(4/3)
+    std = math.sqrt(4 / 3)
+    expected = torch.tensor([4 / 3 / std, -2 / 3 / std, -2 / 3 / std, -4 / 3 / std, 2 / 3 / std, 2 / 3 / std])
+    assert torch.allclose(adv, expected)
+
+
+def test_dr_grpo_and_rloo_by_hand() -> None:
+    assert torch.allclose(group_advantages(REWARDS, GROUPS, "dr_grpo"),
+                          torch.tensor([4 / 3, -2 / 3, -2 / 3, -4 / 3, 2 / 3, 2 / 3]))  # fmt: skip
+    # rloo: r_i - mean(others): 1 - (-1) = 2, -1 - 0 = -1, ...
+    assert torch.allclose(group_advantages(REWARDS, GROUPS, "rloo"), torch.tensor([2.0, -1.0, -1.0, -2.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        group_advantages(REWARDS, GROUPS, "ppo")
+
+
+def test_degenerate_groups_have_zero_advantage() -> None:
+    rewards = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0])
+    assert degenerate_groups(rewards, GROUPS).tolist() == [True, True, True, False, False, False]
+    assert group_advantages(rewards, GROUPS, "grpo")[:3].abs().max() == 0
+
+
+def test_policy_loss_clipping_by_hand() -> None:
+    old = torch.zeros(2, 3)
+    # ratios: e^0.5 ~ 1.65 (clipped above 1.28 for positive advantage), e^-0.5 ~ 0.61 (clipped below 0.8 for negative)
+    logp = torch.tensor([[0.5, 0.0, 0.1], [-0.5, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean")
+    # row 0 (A=+1): -min(1.65, 1.28) = -1.28 ; -1 ; (masked) ; row 1 (A=-1): max(0.61, 0.8) = 0.8 ; 1 ; 1
+    expected = (-1.28 - 1.0 + 0.8 + 1.0 + 1.0) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert stats.clip_fraction == pytest.approx(2 / 5)
+
+
+def test_dual_clip_bounds_negative_advantage_loss() -> None:
+    logp, old = torch.tensor([[3.0]]), torch.zeros(1, 1)  # ratio e^3 ~ 20
+    adv, mask = torch.tensor([-1.0]), torch.ones(1, 1)
+    plain, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean")
+    dual, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean", dual_clip=3.0)
+    assert plain.item() == pytest.approx(math.exp(3.0), rel=1e-5) and dual.item() == pytest.approx(3.0)
+
+
+def test_aggregations_by_hand() -> None:
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(per_token, mask, "token_mean").item() == pytest.approx(10 / 4)
+    assert aggregate(per_token, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(per_token, mask, "seq_mean_token_sum_norm", max_tokens=5).item() == pytest.approx(10 / (2 * 5))
+    assert aggregate(per_token, mask, "token_mean", loss_scale_tokens=8).item() == pytest.approx(10 / 8)
+
+
+def test_tool_tokens_get_no_gradient() -> None:
+    logp = torch.zeros(1, 4, requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # positions 1-2 are interpreter output
+    loss, _ = policy_loss(logp, torch.zeros(1, 4), torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.28,
+                          aggregation="token_mean")  # fmt: skip
+    loss.backward()
+    assert logp.grad[0, 1] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
+
+
+def test_kl_entropy_logprobs() -> None:
+    logp, ref = torch.tensor([0.0, -1.0]), torch.tensor([0.0, -0.5])
+    assert torch.allclose(kl_penalty(logp, ref, "k1"), torch.tensor([0.0, -0.5]))
+    assert torch.allclose(kl_penalty(logp, ref, "k3"), torch.tensor([0.0, math.exp(0.5) - 1 - 0.5]))
+    uniform = torch.zeros(1, 1, 4)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(4))
+    assert token_logprobs(uniform, torch.tensor([[2]])).item() == pytest.approx(-math.log(4))
+
+
+# ------------------------------------------------------------------ TRL parity
+
+
+def trl_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """TRL GRPOTrainer (scale_rewards="group"): (r - group mean) / (group std + 1e-4)."""
+    mean = rewards.view(-1, num_generations).mean(dim=1).repeat_interleave(num_generations)
+    std = rewards.view(-1, num_generations).std(dim=1).repeat_interleave(num_generations)
+    return (rewards - mean) / (std + 1e-4)
+
+
+def trl_loss(logp, old, adv, mask, eps_low, eps_high, loss_type, max_completion_length):
+    """TRL GRPOTrainer._compute_loss with beta = 0."""
+    coef_1 = torch.exp(logp - old)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * adv.unsqueeze(1), coef_2 * adv.unsqueeze(1))
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)  # "dapo"
+
+
+@pytest.mark.parametrize(("trl_type", "ours"), [("dapo", "token_mean"), ("grpo", "seq_mean_token_mean"),
+                                                ("dr_grpo", "seq_mean_token_sum_norm")])  # fmt: skip
+def test_parity_with_trl(trl_type: str, ours: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (16,), generator=gen).float()
+    logp = torch.randn(16, 12, generator=gen) * 0.3
+    old = logp + torch.randn(16, 12, generator=gen) * 0.2
+    mask = (torch.rand(16, 12, generator=gen) > 0.3).float()
+    groups = torch.arange(16) // 8
+    adv = group_advantages(rewards, groups, "grpo")
+    assert torch.allclose(adv, trl_advantages(rewards, 8), atol=1e-6)
+    loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=ours, max_tokens=12)
+    assert loss.item() == pytest.approx(trl_loss(logp, old, adv, mask, 0.2, 0.28, trl_type, 12).item(), rel=1e-6)
