@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4
+) -> torch.Tensor:
     """Per-trajectory advantages (N,) from rewards (N,) compared within their group (same question).
 
     grpo: (r - group mean) / (group std + eps), std unbiased as in TRL; dr_grpo: r - group mean

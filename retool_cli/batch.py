@@ -1,0 +1,126 @@
+"""The batch envelope between rollout, reward, algorithm and trainer (after verl's DataProto).
+
+    Batch(tensors={"input_ids": (N, T), ...}, objects={"trajectory": [N objects], ...}, meta={...})
+
+Every tensor and object list shares the sample dimension N, which every operation checks. `meta`
+holds batch-level values (step, metrics); `concat` merges metric dicts instead of overwriting them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    objects: dict[str, list[Any]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def __len__(self) -> int:
+        for value in (*self.tensors.values(), *self.objects.values()):
+            return len(value)
+        return 0
+
+    def check(self) -> None:
+        """Every field has the same number of samples."""
+        sizes = {name: len(value) for name, value in (*self.tensors.items(), *self.objects.items())}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"batch fields disagree on the number of samples: {sizes}")
+
+    def select(self, tensors: list[str] | None = None, objects: list[str] | None = None) -> Batch:
+        """A batch with only the named fields (all of a kind when its list is None)."""
+        return Batch(
+            {k: v for k, v in self.tensors.items() if tensors is None or k in tensors},
+            {k: v for k, v in self.objects.items() if objects is None or k in objects},
+            dict(self.meta),
+        )
+
+    def pop(self, tensors: list[str] = (), objects: list[str] = ()) -> Batch:  # type: ignore[assignment]
+        """Remove the named fields from this batch and return them as a batch of their own."""
+        return Batch(
+            {k: self.tensors.pop(k) for k in tensors},
+            {k: self.objects.pop(k) for k in objects},
+            dict(self.meta),
+        )
+
+    def union(self, other: Batch) -> Batch:
+        """Fields of both; a name in both must hold the same values."""
+        if len(self) and len(other) and len(self) != len(other):
+            raise ValueError(f"union of batches of {len(self)} and {len(other)} samples")
+        for name in self.tensors.keys() & other.tensors.keys():
+            if not torch.equal(self.tensors[name], other.tensors[name]):
+                raise ValueError(f"union: tensor {name!r} differs between the batches")
+        for name in self.objects.keys() & other.objects.keys():
+            if list(self.objects[name]) != list(other.objects[name]):
+                raise ValueError(f"union: objects {name!r} differ between the batches")
+        return Batch(
+            {**self.tensors, **other.tensors}, {**self.objects, **other.objects}, {**self.meta, **other.meta}
+        )
+
+    def index(self, indices: list[int] | torch.Tensor) -> Batch:
+        """Samples at `indices`, in that order (repeats allowed)."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        order = idx.tolist()
+        return Batch({k: v[idx] for k, v in self.tensors.items()},
+                     {k: [v[i] for i in order] for k, v in self.objects.items()}, dict(self.meta))  # fmt: skip
+
+    def reorder(self, indices: list[int] | torch.Tensor) -> Batch:
+        """A permutation of the samples (e.g. sorted by length for balanced micro-batches)."""
+        if sorted(torch.as_tensor(indices).tolist()) != list(range(len(self))):
+            raise ValueError("reorder needs a permutation of the sample indices")
+        return self.index(indices)
+
+    def repeat(self, times: int) -> Batch:
+        """Each sample `times` times in a row (interleaved: a a b b), as prompts for a group."""
+        return self.index(torch.arange(len(self)).repeat_interleave(times))
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive batches of `size` samples (the last may be smaller)."""
+        if size <= 0:
+            raise ValueError(f"split size must be positive, got {size}")
+        return [
+            self.index(list(range(start, min(start + size, len(self)))))
+            for start in range(0, len(self), size)
+        ]
+
+    def chunk(self, chunks: int) -> list[Batch]:
+        """`chunks` batches of equal size (for data-parallel ranks); N must divide evenly."""
+        if chunks <= 0 or len(self) % chunks:
+            raise ValueError(f"cannot chunk {len(self)} samples into {chunks} equal parts")
+        return self.split(len(self) // chunks)
+
+    @staticmethod
+    def concat(batches: list[Batch]) -> Batch:
+        """Samples of all batches in order. Tensors are right-padded to a common length where they differ
+        in their second dimension; `meta["metrics"]` dicts are merged into lists, other meta from the first."""
+        if not batches:
+            raise ValueError("concat of no batches")
+        names = batches[0].tensors.keys()
+        if any(b.tensors.keys() != names or b.objects.keys() != batches[0].objects.keys() for b in batches):
+            raise ValueError("concat needs batches with the same fields")
+        tensors = {name: _cat_padded([b.tensors[name] for b in batches]) for name in names}
+        objects = {name: [o for b in batches for o in b.objects[name]] for name in batches[0].objects}
+        meta = dict(batches[0].meta)
+        merged: dict[str, list] = {}
+        for b in batches:
+            for key, value in b.meta.get("metrics", {}).items():
+                merged.setdefault(key, []).extend(value if isinstance(value, list) else [value])
+        if merged:
+            meta["metrics"] = merged
+        return Batch(tensors, objects, meta)
+
+
+def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    if parts[0].dim() < 2 or len({p.shape[1] for p in parts}) == 1:
+        return torch.cat(parts)
+    width = max(p.shape[1] for p in parts)
+    return torch.cat(
+        [torch.nn.functional.pad(p, (0, width - p.shape[1])) if p.dim() == 2 else p for p in parts]
+    )
