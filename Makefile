@@ -6,11 +6,17 @@ BIN := $(VENV)/bin
 
 .PHONY: smoke test lint system-deps clean
 
-# The offline smoke pipeline on the built-in synthetic task (CPU, no download): data, then an eval
-# of the tiny model on the dev split (sft and train join this pipeline as they land).
+# The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
+# prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot.
+SMOKE ?= outputs/smoke
 smoke: $(VENV)/.installed
-	$(BIN)/retool prepare recipe=dapo_smoke
-	$(BIN)/retool eval recipe=dapo_smoke
+	$(BIN)/retool prepare recipe=dapo_smoke hydra.run.dir=$(SMOKE)/prepare
+	$(BIN)/retool sft recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl hydra.run.dir=$(SMOKE)/sft
+	$(BIN)/retool train recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft trainer.resume=never hydra.run.dir=$(SMOKE)/train
+	$(BIN)/retool eval recipe=dapo_smoke ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
+	$(BIN)/retool eval recipe=dapo_smoke ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
 
 # Lint, then the test suite.
 test: $(VENV)/.installed-dev

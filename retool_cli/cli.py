@@ -129,6 +129,22 @@ def prepare(ctx: typer.Context) -> None:
     run_hydra_command("prepare", command.run, ctx.args)
 
 
+@app.command(**_HYDRA_COMMAND)
+def sft(ctx: typer.Context) -> None:
+    """Cold-start fine-tuning on code-interleaved traces, rendered as RL will see them."""
+    from retool_cli.commands import sft as command
+
+    run_hydra_command("sft", command.run, ctx.args)
+
+
+@app.command(**_HYDRA_COMMAND)
+def train(ctx: typer.Context) -> None:
+    """Multi-turn RL (GRPO/DAPO) with the code interpreter; resumes from its last checkpoint."""
+    from retool_cli.commands import train as command
+
+    run_hydra_command("train", command.run, ctx.args)
+
+
 @app.command("eval", **_HYDRA_COMMAND)
 def eval_(ctx: typer.Context) -> None:
     """A model or checkpoint on a benchmark: avg@k, pass@k, maj@k with error bars (resumable)."""

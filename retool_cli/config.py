@@ -176,21 +176,85 @@ class ProtocolConfig:
     text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
 
+class Advantage(enum.Enum):
+    grpo = "grpo"  # (r - group mean) / (group std + 1e-4)
+    dr_grpo = "dr_grpo"  # r - group mean
+    rloo = "rloo"  # r - mean of the other samples of the group
+
+
 @dataclass
 class TrainerConfig:
-    """Optimisation settings of `retool train` / `retool sft`."""
+    """Optimisation of `retool train` (RL) and `retool sft`; what each step does is in retool_cli/rl.py."""
 
     lr: float = 1e-6
-    total_steps: int = 100
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (after warm-up)
+    grad_clip: float = 1.0  # max global gradient norm
+    total_steps: int = 100  # optimizer steps of the run (RL: one rollout batch each)
     questions_per_step: int = 32  # distinct questions per RL step (x rollout.group_size trajectories)
-    clip_low: float = 0.2  # PPO ratio clip below 1 (DAPO clip-higher keeps this at 0.2)
-    clip_high: float = 0.28  # PPO ratio clip above 1
+    epochs_per_batch: int = 1  # passes over each rollout batch (old logprobs recomputed once before them)
+    mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
+    micro_batch_tokens: int = (
+        16384  # token budget of one forward/backward (sorted by length, no padding waste)
+    )
+    advantage: Advantage = Advantage.grpo
+    clip_low: float = 0.2  # PPO ratio clip below 1
+    clip_high: float = 0.28  # PPO ratio clip above 1 (DAPO clip-higher)
+    dual_clip: float | None = (
+        None  # bound the loss of negative advantages at dual_clip x |A| (e.g. 3.0); None = off
+    )
     loss_agg: LossAgg = LossAgg.token_mean
+    kl_coef: float = 0.0  # KL to the frozen initial policy (0 = off, no reference model kept)
+    kl_estimator: str = "k3"  # k1 | k3
+    entropy_coef: float = 0.0  # entropy bonus (0 = off)
+    mask_truncated: bool = True  # DAPO overlong filtering: no gradient from length-truncated trajectories
+    dynamic_sampling: bool = False  # DAPO: drop all-equal-reward groups and sample more questions
+    max_sampling_rounds: int = 3  # cap on extra rollout batches per step with dynamic sampling
+    save_every: int = 50  # checkpoint every N steps (and at the end)
+    keep_last: int = 2  # checkpoints kept on disk
+    resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never
+    eval_every: int = 0  # evaluate on the dev split every N steps (0 = only the final eval of the pipeline)
+    eval_problems: int = 64  # dev problems of a periodic evaluation
+    train_file: str | None = None  # a prepared train.jsonl; None = build from the `data` section in memory
+    init_from: str | None = (
+        None  # start from this checkpoint (e.g. the SFT run folder); None = model.name_or_path
+    )
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
         _check(self.total_steps >= 1, "trainer.total_steps", "must be >= 1")
         _check(self.questions_per_step >= 1, "trainer.questions_per_step", "must be >= 1")
+        _check(self.schedule in ("constant", "cosine"), "trainer.schedule", "must be constant or cosine")
+        _check(self.resume in ("auto", "never"), "trainer.resume", "must be auto or never")
+        _check(self.kl_estimator in ("k1", "k3"), "trainer.kl_estimator", "must be k1 or k3")
+        for key in ("epochs_per_batch", "mini_batches", "micro_batch_tokens", "save_every", "keep_last"):
+            _check(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
+
+
+@dataclass
+class SFTConfig:
+    """Cold-start fine-tuning on code-interleaved traces (`retool sft`)."""
+
+    steps: int = 1000
+    lr: float = 2e-3
+    batch_size: int = 64  # traces per optimizer step
+    warmup_steps: int = 50
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    code_fraction: float = (
+        0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
+    )
+    traces_file: str | None = (
+        None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
+    )
+    log_every: int = 25
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "sft.steps", "must be >= 1")
+        _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
+        _check(0 <= self.code_fraction <= 1, "sft.code_fraction", "must be in [0, 1]")
+        _check(self.schedule in ("constant", "cosine"), "sft.schedule", "must be constant or cosine")
 
 
 # --------------------------------------------------------------------------- sandbox
@@ -338,6 +402,7 @@ class RetoolConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

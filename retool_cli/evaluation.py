@@ -75,18 +75,20 @@ def config_key(cfg: RetoolConfig) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def find_resumable(run_dir: Path, key: str, search_root: Path) -> Path:
-    """The folder to write into: this one, or an unfinished run of the same config under `search_root`."""
-    if (run_dir / "samples.jsonl").exists():
+def find_resumable(run_dir: Path, key: str, search_root: Path, finished: str = "results.json",
+                   progress: str = "samples.jsonl") -> Path:  # fmt: skip
+    """The folder to write into: this one, or the latest unfinished run (no `finished` file, some `progress`
+    file) of the same config key under `search_root` (train: metrics.jsonl / final.txt)."""
+    if (run_dir / progress).exists():
         return run_dir
     candidates = [p.parent for p in search_root.rglob("eval_key.txt")
-                  if p.read_text().strip() == key and not (p.parent / "results.json").exists()
-                  and (p.parent / "samples.jsonl").exists() and p.parent != run_dir]  # fmt: skip
+                  if p.read_text().strip() == key and not (p.parent / finished).exists()
+                  and (p.parent / progress).exists() and p.parent != run_dir]  # fmt: skip
     if not candidates:
         return run_dir
-    latest = max(candidates, key=lambda p: (p / "samples.jsonl").stat().st_mtime)
+    latest = max(candidates, key=lambda p: (p / progress).stat().st_mtime)
     (run_dir / "resumed_into.txt").write_text(f"{latest}\n")
-    log.info("resuming the unfinished evaluation in %s", latest)
+    log.info("resuming the unfinished run in %s", latest)
     return latest
 
 

@@ -14,11 +14,13 @@ log = logging.getLogger(__name__)
 
 
 def collect(folders: list[Path]) -> list[dict]:
-    """results.json of each folder (searched recursively), ordered by training step, then path."""
+    """results.json of each folder (searched recursively): folders in the order given, the runs found in
+    one folder ordered by training step."""
     runs = []
     for folder in folders:
         if not folder.exists():
             raise DataError(f"{folder}: no such folder")
+        found = []
         for path in sorted(folder.rglob("results.json")):
             try:
                 results = json.loads(path.read_text())
@@ -62,7 +64,8 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r["protocol"].get("training_step") for r in runs]
-    xs = steps if all(s is not None for s in steps) else list(range(len(runs)))
+    increasing = all(s is not None for s in steps) and all(a < b for a, b in zip(steps, steps[1:]))
+    xs = steps if increasing else list(range(len(runs)))
     n = [r["metrics"]["samples_per_problem"] for r in runs]
     acc = [100 * r["metrics"][f"avg@{k}"] for r, k in zip(runs, n, strict=True)]
     err = [100 * 1.96 * r["metrics"]["se_problems"] for r in runs]
@@ -73,8 +76,15 @@ def plot(runs: list[dict], path: Path) -> None:
     axes[1].set_title("format rate (%)")
     axes[2].plot(xs, [r["metrics"]["code_calls"] for r in runs], marker="o")
     axes[2].set_title("code calls per sample")
+    if not increasing:
+        for ax in axes:
+            ax.set_xticks(
+                xs,
+                [Path(r["protocol"].get("ckpt") or r["protocol"]["model"]).name for r in runs],
+                rotation=20,
+            )
     for ax in axes:
-        ax.set_xlabel("training step" if xs is steps else "run")
+        ax.set_xlabel("training step" if increasing else "run (in the order given)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_open(path, "wb") as handle:

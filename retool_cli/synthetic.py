@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 from collections.abc import Callable, Iterator
 
 from retool_cli.config import SyntheticConfig
@@ -107,6 +108,31 @@ def generate(cfg: SyntheticConfig, seed: int) -> Iterator[tuple[str, str, str]]:
         seen.add(question)
         digest = hashlib.sha1(question.encode()).hexdigest()[:12]
         yield f"{kind}-{digest}", question, str(answer)
+
+
+def solution_code(question: str) -> str:
+    """A short program that answers a generated question (the code half of the SFT traces)."""
+    n = [int(x) for x in re.findall(r"-?\d+", question)]
+    if question.startswith("What is the remainder"):
+        return f"print(pow({n[0]}, {n[1]}, {n[2]}))"
+    if "sum of the digits" in question:
+        return f"print(sum(int(d) for d in str({n[0]} ** {n[1]})))"
+    if "positive divisors" in question:
+        return f"n = {n[0]}\nprint(sum(1 for d in range(1, n + 1) if n % d == 0))"
+    if "greatest common divisor" in question:
+        return f"import math\nprint(math.gcd({n[0]}, {n[1]}))"
+    if "least common multiple" in question:
+        return f"import math\nprint(math.lcm({n[0]}, {n[1]}))"
+    if "ways can" in question:
+        return f"import math\nprint(math.comb({n[1]}, {n[0]}))"
+    if "sum of i^" in question:
+        return f"print(sum(i ** {n[0]} for i in range({n[1]}, {n[2]} + 1)))"
+    if "Solve the system" in question:
+        return (f"import sympy\nx, y = sympy.symbols('x y')\ns = sympy.solve([{n[0]}*x + {n[1]}*y - ({n[2]}), "
+                f"{n[3]}*x + {n[4]}*y - ({n[5]})], [x, y])\nprint(s[x] + s[y])")  # fmt: skip
+    if " * " in question:
+        return f"print({n[0]} * {n[1]})"
+    raise ValueError(f"not a generated question: {question!r}")
 
 
 def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator:

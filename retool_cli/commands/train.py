@@ -1,0 +1,108 @@
+"""retool train: multi-turn RL with the code interpreter; `trainer.resume=auto` continues the latest
+checkpoint of an unfinished run of the same config (same data position, RNG and optimizer state)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.data import load_jsonl, prepare_dataset
+from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint
+from retool_cli.modeling import load_model, load_tokenizer
+from retool_cli.protocol import build_protocol
+from retool_cli.reward import Verifier
+from retool_cli.rl import Timer, collect, step_metrics, update
+from retool_cli.rollout import build_engine
+from retool_cli.sandbox import Sandbox
+from retool_cli.trainer import (
+    MetricsLog,
+    build_optimizer,
+    build_scheduler,
+    latest_checkpoint,
+    load_trainer_state,
+    plot_metrics,
+    save_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens"]
+
+
+def run(config: RetoolConfig, run_dir: Path) -> None:
+    t = config.trainer
+    out_dir = run_dir
+    if t.resume == "auto":
+        out_dir = find_resumable(
+            run_dir, config_key(config), Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl"
+        )
+    (out_dir / "eval_key.txt").write_text(config_key(config) + "\n")
+    checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
+    source = (
+        str(checkpoint)
+        if checkpoint
+        else (str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path)
+    )
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(replace(config.model, name_or_path=source)).train()
+    examples = load_jsonl(t.train_file) if t.train_file else prepare_dataset(config.data, config.seed)[0]
+    random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
+    optimizer = build_optimizer(model, t.lr, t.weight_decay)
+    scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
+    metrics = MetricsLog(out_dir)
+    start, cursor = 0, 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint, optimizer, scheduler)
+        start, cursor = state["step"], state["cursor"]
+        metrics.truncate_after(start)
+        log.info("resumed from %s (step %d)", checkpoint, start)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
+    log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
+             t.questions_per_step, config.rollout.group_size, source, out_dir)  # fmt: skip
+    engine = build_engine(config, model, tokenizer)
+    protocol = build_protocol(config.protocol, tokenizer)
+    with contextlib.ExitStack() as stack:
+        use_tool = config.protocol.name is not ProtocolName.none
+        sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
+        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
+        progress = stack.enter_context(Progress(console=Console(stderr=True)))
+        task = progress.add_task("train", total=t.total_steps, completed=start)
+        for step in range(start + 1, t.total_steps + 1):
+            timer = Timer()
+            with timer("rollout_s"):
+                trajectories, rewards, scores, rollout_metrics, cursor = collect(
+                    config, examples, cursor, step, engine, protocol, sandbox, verifier
+                )
+            with timer("update_s"):
+                stats = update(
+                    config,
+                    model,
+                    trajectories,
+                    rewards,
+                    optimizer,
+                    scheduler,
+                    tokenizer.pad_token_id,
+                    ref_model,
+                )
+            if hasattr(engine, "update_weights"):  # vLLM keeps its own copy of the weights
+                engine.update_weights(model.state_dict())
+            row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
+            metrics.write(row)
+            progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "
+                            f"code {row['train/used_code']:.2f}")  # fmt: skip
+            if step % t.save_every == 0 or step == t.total_steps:
+                save_checkpoint(
+                    out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor}, t.keep_last
+                )
+    plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
+    (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
+    log.info("wrote %s", out_dir)

@@ -1,0 +1,178 @@
+"""What SFT and RL share: optimizer and schedule, token-budget micro-batches, per-token logprobs,
+checkpoints (HF safetensors + optimizer, scheduler, RNG and data cursor) with exact resume, metric logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retool_cli.algorithms import token_logprobs
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
+    )
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, kind: str
+) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if kind == "cosine":
+            progress = (step - warmup) / max(1, total - warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices so that (longest in group) x (group size) stays within the budget; sorting by
+    length first keeps the padding small."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Logprobs of every next token of right-padded sequences: (B, L-1) and its validity mask (B, L-1)."""
+    ids = pad_right(sequences, pad_id, device)  # (B, L)
+    attention = pad_right([[1] * len(s) for s in sequences], 0, device)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
+    return token_logprobs(logits, ids[:, 1:], temperature), attention[:, 1:]
+
+
+def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]], width: int,
+                         device: torch.device) -> torch.Tensor:  # fmt: skip
+    """(B, width) mask aligned with `sequence_logprobs`: position t predicts token t+1."""
+    out = torch.zeros((len(prompt_lens), width), dtype=torch.float32)
+    for i, (start, mask) in enumerate(zip(prompt_lens, response_masks, strict=True)):
+        out[i, start - 1 : start - 1 + len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return out.to(device)
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+                    state: dict, keep_last: int) -> Path:  # fmt: skip
+    """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM), the tokenizer,
+    and trainer_state.pt (optimizer, scheduler, RNG, data cursor). Written to a temporary folder, then renamed."""
+    root = run_dir / "checkpoints"
+    final, staging = root / f"step_{step}", root / f".step_{step}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer.save_pretrained(staging)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                "step": step, **state}, staging / "trainer_state.pt")  # fmt: skip
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    complete = [p for p in steps if (p / "trainer_state.pt").exists()]
+    return complete[-1] if complete else None
+
+
+def load_trainer_state(checkpoint: Path, optimizer: Any, scheduler: Any) -> dict:
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
+
+
+# ------------------------------------------------------------------ logs
+
+
+class MetricsLog:
+    """metrics.jsonl (always), TensorBoard / W&B when installed and asked for via RETOOL_TENSORBOARD / WANDB_PROJECT."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.tensorboard = None
+        if os.environ.get("RETOOL_TENSORBOARD"):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop lines of steps after the checkpoint (they will be redone identically)."""
+        kept = [row for row in self.rows() if row["step"] <= step]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+    def write(self, row: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        if self.tensorboard is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.tensorboard.add_scalar(key, value, row["step"])
+
+
+def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(k in r for r in rows)]
+    if not present:
+        return
+    fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,77 @@
+"""`retool sft` and `retool train` end to end with the tiny model, including exact resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from tests.helpers import run_retool
+
+TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
+SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
+TRAIN = [*TINY, "trainer.total_steps=4", "trainer.save_every=1", "trainer.questions_per_step=2",
+         "rollout.group_size=4", "rollout.max_response_tokens=64", "rollout.max_tokens_per_turn=48"]  # fmt: skip
+TIMING = ("time/", "rollout/generate_s", "rollout/wait_tools_s", "rollout/gen_tokens_per_s")
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("sft")
+    run_retool("sft", *SFT, "hydra.run.dir=run", cwd=work, check=True)
+    return work / "run"
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+def metrics_of(folder: Path) -> list[dict]:
+    [path] = list(folder.rglob("metrics.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sft_learns_and_writes_a_loadable_checkpoint(sft_run: Path) -> None:
+    rows = [json.loads(line) for line in (sft_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [10, 20, 30]
+    assert rows[-1]["loss"] < rows[0]["loss"] * 0.8
+    checkpoint = sft_run / "checkpoints" / "step_30"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)  # HF format: from_pretrained (and vLLM) load it
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "trainer_state.pt").exists()
+    assert (sft_run / "sft.png").exists()
+
+
+def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    whole.mkdir()
+    broken.mkdir()
+    args = ["train", *TRAIN, f"trainer.init_from={sft_run}"]
+    run_retool(*args, cwd=whole, check=True)
+    reference = metrics_of(whole)
+    assert [r["step"] for r in reference] == [1, 2, 3, 4]
+    assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(
+        reference[0]
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", *args], cwd=broken, env={**os.environ},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(broken.rglob("checkpoints/step_2/trainer_state.pt")):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert not list(broken.rglob("final.txt")), "the run finished before it could be killed"
+    run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
+    assert comparable(metrics_of(broken)) == comparable(reference)
+    [run] = [p.parent for p in broken.rglob("final.txt")]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3", "step_4"]  # keep_last=2
+    assert (run / "train.png").exists()
