@@ -3,6 +3,7 @@ against training step, format rate and code calls)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -28,17 +29,11 @@ def collect(folders: list[Path]) -> list[dict]:
             except (json.JSONDecodeError, KeyError) as exc:
                 raise DataError(f"{path}: not an eval results file ({exc})") from None
             results["folder"] = str(path.parent)
-            runs.append(results)
+            found.append(results)
+        runs += sorted(found, key=lambda r: (r["protocol"].get("training_step") or 0, r["folder"]))
     if not runs:
         raise DataError(f"no results.json under {', '.join(map(str, folders))}")
-    return sorted(
-        runs,
-        key=lambda r: (
-            r["protocol"].get("training_step") is None,
-            r["protocol"].get("training_step") or 0,
-            r["folder"],
-        ),
-    )
+    return runs
 
 
 def markdown(runs: list[dict]) -> str:
@@ -64,7 +59,7 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r["protocol"].get("training_step") for r in runs]
-    increasing = all(s is not None for s in steps) and all(a < b for a, b in zip(steps, steps[1:]))
+    increasing = all(s is not None for s in steps) and all(a < b for a, b in itertools.pairwise(steps))
     xs = steps if increasing else list(range(len(runs)))
     n = [r["metrics"]["samples_per_problem"] for r in runs]
     acc = [100 * r["metrics"][f"avg@{k}"] for r, k in zip(runs, n, strict=True)]

@@ -115,7 +115,10 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
             optimizer.zero_grad(set_to_none=True)
             stats["loss"].append(total)
     scheduler.step()
-    out = {f"train/{k}": sum(v) / len(v) for k, v in stats.items() if v}
+    out = {f"train/{k}": sum(v) / len(v) if v else 0.0 for k, v in stats.items() if v or k != "kl_ref"}
+    out["train/optimizer_steps"] = float(
+        len(stats["loss"])
+    )  # 0 when every token was masked (e.g. all truncated)
     out["train/degenerate_group_rate"] = float(degenerate.float().mean())
     out["train/advantage_abs"] = float(advantages.abs().mean())
     out["train/lr"] = scheduler.get_last_lr()[0]
