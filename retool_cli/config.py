@@ -214,8 +214,11 @@ class TrainerConfig:
     save_every: int = 50  # checkpoint every N steps (and at the end)
     keep_last: int = 2  # checkpoints kept on disk
     resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never
-    eval_every: int = 0  # evaluate on the dev split every N steps (0 = only the final eval of the pipeline)
+    eval_every: int = 0  # evaluate on the dev split every N steps with the benchmark's sampling (0 = off)
     eval_problems: int = 64  # dev problems of a periodic evaluation
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% more time)
+    tensorboard: bool = False  # also log to RUN/tensorboard (needs the tensorboard extra)
+    wandb_project: str | None = None  # also log to this W&B project (needs the wandb extra)
     train_file: str | None = None  # a prepared train.jsonl; None = build from the `data` section in memory
     init_from: str | None = (
         None  # start from this checkpoint (e.g. the SFT run folder); None = model.name_or_path

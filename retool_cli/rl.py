@@ -68,7 +68,10 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
     sequences = [x.token_ids for x in trajectories]
     prompt_lens = [len(x.prompt_ids) for x in trajectories]
     # The sampling logprobs are the engine's; the trainer recomputes them so that ratios compare like with like.
-    old = _all_logprobs(model, sequences, pad_id, device, t.micro_batch_tokens)
+    # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
+    # as the old ones and the extra forward pass is skipped (as TRL does with num_iterations=1).
+    on_policy = t.epochs_per_batch == 1 and t.mini_batches == 1
+    old = None if on_policy else _all_logprobs(model, sequences, pad_id, device, t.micro_batch_tokens)
     ref = _all_logprobs(ref_model, sequences, pad_id, device, t.micro_batch_tokens) if ref_model else None
     stats: dict[str, list[float]] = {
         "loss": [],
@@ -91,7 +94,7 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
                 mask = response_mask_matrix(
                     [prompt_lens[i] for i in chosen], [masks[i] for i in chosen], width, device
                 )
-                old_logp = _stack([old[i] for i in chosen], width, device)
+                old_logp = logp.detach() if old is None else _stack([old[i] for i in chosen], width, device)
                 loss, ls = policy_loss(
                     logp, old_logp, advantages[chosen].to(device), mask, clip_low=t.clip_low, clip_high=t.clip_high,
                     aggregation=t.loss_agg.value, dual_clip=t.dual_clip, max_tokens=max_tokens,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from retool_cli.algorithms import token_logprobs
+from retool_cli.errors import ConfigError
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -126,15 +127,26 @@ def load_trainer_state(checkpoint: Path, optimizer: Any, scheduler: Any) -> dict
 
 
 class MetricsLog:
-    """metrics.jsonl (always), TensorBoard / W&B when installed and asked for via RETOOL_TENSORBOARD / WANDB_PROJECT."""
+    """metrics.jsonl (always); TensorBoard and W&B when configured (trainer.tensorboard, trainer.wandb_project)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None,
+                 config: dict | None = None) -> None:  # fmt: skip
         self.path = run_dir / "metrics.jsonl"
-        self.tensorboard = None
-        if os.environ.get("RETOOL_TENSORBOARD"):
-            from torch.utils.tensorboard import SummaryWriter
+        self.tensorboard = self.wandb = None
+        try:
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+                self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+            if wandb_project:
+                import wandb
+
+                self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, resume="allow",
+                                        id=run_dir.name.replace("/", "-"))  # fmt: skip
+        except ImportError as exc:
+            raise ConfigError(
+                f"{exc.name} is not installed: pip install -e '.[{'wandb' if wandb_project else 'tensorboard'}]'"
+            ) from exc
 
     def rows(self) -> list[dict]:
         if not self.path.exists():
@@ -151,10 +163,12 @@ class MetricsLog:
             handle.write(json.dumps(row) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tensorboard is not None:
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.tensorboard.add_scalar(key, value, row["step"])
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
 
 
 def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:

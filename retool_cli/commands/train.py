@@ -16,7 +16,7 @@ from rich.progress import Progress
 
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint
+from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint, sample_problems, summarize
 from retool_cli.modeling import load_model, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
@@ -34,7 +34,21 @@ from retool_cli.trainer import (
 )
 
 log = logging.getLogger(__name__)
-PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens"]
+PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
+
+
+def periodic_eval(
+    config: RetoolConfig, problems: list, folder: Path, engine, protocol, sandbox, verifier
+) -> dict:
+    """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = sample_problems(problems, config, folder, engine, protocol, sandbox, verifier)
+    metrics, _ = summarize(
+        rows, problems, config.benchmark.n_samples, verifier, config.eval.bootstrap, config.seed
+    )
+    n = config.benchmark.n_samples
+    return {"eval/accuracy": metrics[f"avg@{n}"], "eval/se_problems": metrics["se_problems"],
+            "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
@@ -54,11 +68,16 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     model = load_model(replace(config.model, name_or_path=source)).train()
-    examples = load_jsonl(t.train_file) if t.train_file else prepare_dataset(config.data, config.seed)[0]
+    if t.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
+    examples = load_jsonl(t.train_file) if t.train_file else train_split
     random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
-    metrics = MetricsLog(out_dir)
+    metrics = MetricsLog(
+        out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source}
+    )
     start, cursor = 0, 0
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, optimizer, scheduler)
@@ -96,6 +115,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             if hasattr(engine, "update_weights"):  # vLLM keeps its own copy of the weights
                 engine.update_weights(model.state_dict())
             row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
+            if t.eval_every and step % t.eval_every == 0 and dev_split:
+                row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
+                                         engine, protocol, sandbox, verifier))  # fmt: skip
             metrics.write(row)
             progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "
                             f"code {row['train/used_code']:.2f}")  # fmt: skip

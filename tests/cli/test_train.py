@@ -75,3 +75,12 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     [run] = [p.parent for p in broken.rglob("final.txt")]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3", "step_4"]  # keep_last=2
     assert (run / "train.png").exists()
+
+
+def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
+    run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.eval_every=2", "trainer.eval_problems=3",
+               "benchmark.n_samples=2", "benchmark.max_response_tokens=48", "eval.bootstrap=200",
+               f"trainer.init_from={sft_run}", "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    rows = metrics_of(tmp_path / "run")
+    assert "eval/accuracy" not in rows[0] and 0.0 <= rows[1]["eval/accuracy"] <= 1.0
+    assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
