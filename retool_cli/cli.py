@@ -130,6 +130,14 @@ def prepare(ctx: typer.Context) -> None:
 
 
 @app.command(**_HYDRA_COMMAND)
+def decontaminate(ctx: typer.Context) -> None:
+    """Drop training problems that overlap evaluation benchmarks (n-gram coverage, exact short matches)."""
+    from retool_cli.commands import decontaminate as command
+
+    run_hydra_command("decontaminate", command.run, ctx.args)
+
+
+@app.command(**_HYDRA_COMMAND)
 def sft(ctx: typer.Context) -> None:
     """Cold-start fine-tuning on code-interleaved traces, rendered as RL will see them."""
     from retool_cli.commands import sft as command

@@ -392,6 +392,41 @@ class EvalConfig:
         _check(self.bootstrap >= 100, "eval.bootstrap", "must be >= 100")
 
 
+# --------------------------------------------------------------------------- data hygiene
+
+
+@dataclass
+class DecontamConfig:
+    """`retool decontaminate`: drop training rows that overlap evaluation benchmarks (retool_cli/decontam.py)."""
+
+    input: str | None = None  # a MathExample JSONL to clean; None = the train split of the `data` section
+    benchmarks: list[str] = field(
+        default_factory=lambda: ["aime24", "aime25", "math500"]
+    )  # conf/benchmark options
+    # NAME -> a local file used instead of the hub (None: the hub)
+    benchmark_paths: dict[str, str | None] = field(
+        default_factory=lambda: {"aime24": None, "aime25": None, "math500": None}
+    )
+    rule: str = (
+        "coverage"  # coverage (default: ignores shared boilerplate) | any (open-r1: one shared n-gram)
+    )
+    n: int = 8  # word n-gram size of the `any` rule and of the shared-n-gram count in the report
+    coverage_n: int = 3  # word n-gram size of the coverage rule (small: edits break long n-grams)
+    threshold: float = 0.25  # coverage rule: share of the benchmark item's n-grams found in the row...
+    text_only_threshold: float = (
+        0.5  # ...with the row's numbers in the item, or this share whatever the numbers
+    )
+    min_shared: int = 3  # coverage rule: fewer shared n-grams never flag (one common phrase is not a copy)
+    latex_folding: bool = True  # drop LaTeX markup ($, braces, \frac, \left ...) before comparing
+    punctuation_folding: bool = True  # drop punctuation before comparing
+
+    def __post_init__(self) -> None:
+        _check(self.rule in ("coverage", "any"), "decontam.rule", "must be coverage or any")
+        _check(self.n >= 1 and self.coverage_n >= 1, "decontam.n", "n-gram sizes must be >= 1")
+        _check(0 < self.threshold <= 1, "decontam.threshold", "must be in (0, 1]")
+        _check(bool(self.benchmarks), "decontam.benchmarks", "needs at least one benchmark")
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -411,6 +446,7 @@ class RetoolConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     # a training checkpoint folder, or a training run folder (its latest checkpoint); overrides model.name_or_path
     ckpt: str | None = None
 

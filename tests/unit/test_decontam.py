@@ -1,0 +1,67 @@
+"""decontam.py on hand-made cases: n-grams, coverage, short exact matches, boilerplate vs edited copies."""
+
+from __future__ import annotations
+
+import pytest
+
+from retool_cli.decontam import BenchmarkIndex, flagged, ngrams, normalize, number_precision, openr1_flags
+
+BENCH = [
+    "Let $x$ and $y$ be real numbers such that $x + y = 17$ and $xy = 60$. Find the value of $x^2 + y^2$ for these numbers.",
+    "A fair coin is tossed repeatedly until either three consecutive heads appear or two consecutive tails appear. "
+    "The probability that the process ends with the heads is $\\frac{m}{n}$, where $m$ and $n$ are relatively prime "
+    "positive integers. Find $m+n$.",
+    "Compute $\\dbinom{9}{4}$.",  # shorter than n words: only the exact match can see it
+]
+
+
+def test_normalize_and_ngrams() -> None:
+    assert normalize("  Find  $\\frac{1}{2}$, NOW!") == "find 1 2 now"
+    assert normalize("Find $x$.", latex=False, punctuation=False) == "find $x$."
+    assert ngrams(["a", "b", "c", "d"], 2) == {"a b", "b c", "c d"}
+    assert ngrams(["a", "b"], 3) == set()
+
+
+def test_coverage_and_best_item() -> None:
+    index = BenchmarkIndex(BENCH, n=3)
+    [copy, unrelated] = index.overlaps(
+        [BENCH[0], "An entirely different question about geometry and circles."]
+    )
+    assert copy.item == 0 and copy.coverage == 1.0 and copy.shared == index.sizes[0]
+    assert unrelated.item == -1 and unrelated.shared == 0 and unrelated.coverage == 0.0
+
+
+def test_short_problem_exact_match() -> None:
+    index = BenchmarkIndex(BENCH, n=8)
+    [hit, miss] = index.overlaps(["compute   $\\dbinom{9}{4}$ .", "Compute $\\dbinom{9}{5}$."])
+    assert hit.exact and hit.item == 2 and flagged(hit, "coverage", 0.25)
+    assert not miss.exact and not flagged(miss, "coverage", 0.25)
+
+
+def test_numbers_decide_between_boilerplate_and_copies() -> None:
+    boilerplate = ("A bag holds 4 red and 7 blue marbles. The chance of drawing two reds is $\\frac{m}{n}$, where $m$ "
+                   "and $n$ are relatively prime positive integers. Find $m+n$.")  # fmt: skip
+    edited = ("Problem: Let $x$ and $y$ be two numbers so that $x + y = 17$ and also $xy = 60$. Find the value "
+              "of $x^2 + y^2$.")  # fmt: skip
+    index = BenchmarkIndex(BENCH, n=3)
+    [b, e] = index.overlaps([boilerplate, edited])
+    assert b.item == 1 and b.shared >= 3  # shares the boilerplate phrase...
+    assert number_precision(boilerplate, BENCH[1]) == 0.0  # ...but none of its numbers
+    assert not flagged(b, "coverage", 0.25, number_precision(boilerplate, BENCH[b.item]))
+    assert e.item == 0 and number_precision(edited, BENCH[0]) == 1.0
+    assert flagged(e, "coverage", 0.25, number_precision(edited, BENCH[e.item]))
+    # open-r1's rule flags the boilerplate row: one shared 8-gram is enough
+    assert BenchmarkIndex(BENCH, n=8).overlaps([boilerplate])[0].shared > 0 and openr1_flags(
+        [boilerplate], BENCH
+    ) == [True]
+
+
+def test_any_rule_matches_openr1() -> None:
+    rows = [BENCH[0][:60] + " and more words here to follow", "nothing shared at all with anything", BENCH[1]]
+    ours = [o.shared > 0 for o in BenchmarkIndex(BENCH, 8, latex=False, punctuation=False).overlaps(rows)]
+    assert ours == openr1_flags(rows, BENCH) == [True, False, True]
+
+
+def test_unknown_rule() -> None:
+    with pytest.raises(ValueError, match="unknown decontamination rule"):
+        flagged(BenchmarkIndex(BENCH, 3).overlaps(["x"])[0], "fuzzy", 0.5)
