@@ -137,6 +137,32 @@ def decontaminate(ctx: typer.Context) -> None:
     run_hydra_command("decontaminate", command.run, ctx.args)
 
 
+@app.command("filter-pass-rate", **_HYDRA_COMMAND)
+def filter_pass_rate(ctx: typer.Context) -> None:
+    """Keep problems the policy solves sometimes (pass rate in filter.low..filter.high); resumable, shardable."""
+    from retool_cli.commands import filter_pass_rate as command
+
+    run_hydra_command("filter-pass-rate", command.run, ctx.args)
+
+
+@app.command("filter-merge")
+def filter_merge(
+    shards: Annotated[list[Path], typer.Argument(help="shard run folders (or a sweep folder holding them)")],
+    out: Annotated[Path, typer.Option(help="where the merged files go")],
+    low: Annotated[float, typer.Option(help="keep pass rate > low")] = 0.0,
+    high: Annotated[float, typer.Option(help="keep pass rate < high")] = 1.0,
+) -> None:
+    """Join the shards of `retool filter-pass-rate -m shard.index=...` into one filtered file."""
+    from retool_cli.commands.filter_pass_rate import merge
+    from retool_cli.errors import RetoolError
+
+    try:
+        merge(shards, out, low, high)
+    except RetoolError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command(**_HYDRA_COMMAND)
 def sft(ctx: typer.Context) -> None:
     """Cold-start fine-tuning on code-interleaved traces, rendered as RL will see them."""

@@ -427,6 +427,29 @@ class DecontamConfig:
         _check(bool(self.benchmarks), "decontam.benchmarks", "needs at least one benchmark")
 
 
+@dataclass
+class ShardConfig:
+    index: int = 0  # this job's shard
+    count: int = 1  # shards in all (e.g. -m shard.index=0,1,2,3 shard.count=4 with the Slurm launcher)
+
+    def __post_init__(self) -> None:
+        _check(self.count >= 1 and 0 <= self.index < self.count, "shard.index", "must be in [0, shard.count)")
+
+
+@dataclass
+class PassRateConfig:
+    """`retool filter-pass-rate`: keep problems the current policy solves sometimes (retool_cli/commands)."""
+
+    input: str | None = None  # a MathExample JSONL; None = the train split of the `data` section
+    n_samples: int = 8  # samples per problem, through the training agent loop, protocol, tools and reward
+    low: float = 0.0  # keep problems with low < pass rate < high (open-r1's DAPO recipe: 0.1, 0.6)
+    high: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.n_samples >= 1, "filter.n_samples", "must be >= 1")
+        _check(0 <= self.low < self.high <= 1, "filter.low", "needs 0 <= low < high <= 1")
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -447,6 +470,8 @@ class RetoolConfig:
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     decontam: DecontamConfig = field(default_factory=DecontamConfig)
+    filter: PassRateConfig = field(default_factory=PassRateConfig)
+    shard: ShardConfig = field(default_factory=ShardConfig)
     # a training checkpoint folder, or a training run folder (its latest checkpoint); overrides model.name_or_path
     ckpt: str | None = None
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import zlib
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from retool_cli.config import RetoolConfig, RewardFunction, SplitPart
+from retool_cli.config import RetoolConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data import MathExample, prepare_dataset
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
@@ -120,23 +121,32 @@ def append_rows(path: Path, rows: list[dict]) -> None:
 # ------------------------------------------------------------------ sampling
 
 
+def eval_rollout(cfg: RetoolConfig) -> RolloutConfig:
+    """The agent loop's settings with the benchmark's samples per problem and sampling."""
+    bench = cfg.benchmark
+    return replace(cfg.rollout, group_size=bench.n_samples, temperature=bench.temperature, top_p=bench.top_p,
+                   max_response_tokens=bench.max_response_tokens)  # fmt: skip
+
+
 def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Path, engine: Any, protocol: Any,
-                    sandbox: Any, verifier: Verifier, progress: Any = None) -> list[dict]:  # fmt: skip
-    """Sample and judge every problem n times, skipping chunks already in samples.jsonl."""
-    bench, per_batch = cfg.benchmark, cfg.eval.questions_per_batch
+                    sandbox: Any, verifier: Verifier, rollout: RolloutConfig, per_batch: int,
+                    per_problem_seeds: bool = False, progress: Any = None) -> list[dict]:  # fmt: skip
+    """Sample and judge every problem `rollout.group_size` times, skipping chunks already in samples.jsonl.
+
+    Seeds follow the chunk index, or with `per_problem_seeds` (one problem per chunk) the problem id, so that
+    any split of the problems into shards samples the same trajectories."""
     path = out_dir / "samples.jsonl"
     done = {(r["problem_id"], r["sample_index"]) for r in read_samples(path)}
-    rollout = replace(cfg.rollout, group_size=bench.n_samples, temperature=bench.temperature, top_p=bench.top_p,
-                      max_response_tokens=bench.max_response_tokens)  # fmt: skip
     judge = replace(
         cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0
     )
+    per_batch = 1 if per_problem_seeds else per_batch
     chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
     for index, chunk in enumerate(chunks):
-        if all((p.id, j) in done for p in chunk for j in range(bench.n_samples)):
+        if all((p.id, j) in done for p in chunk for j in range(rollout.group_size)):
             _advance(progress, len(chunk))
             continue
-        seed = cfg.seed * 1_000_003 + index
+        seed = cfg.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
         trajectories, _ = run_rollouts(chunk, engine, protocol, sandbox, rollout, seed=seed,
                                        max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
         scores = score_batch([(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories],

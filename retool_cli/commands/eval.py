@@ -17,6 +17,7 @@ from retool_cli import __version__
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.evaluation import (
     config_key,
+    eval_rollout,
     find_resumable,
     load_benchmark,
     resolve_checkpoint,
@@ -58,8 +59,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
-            rows = sample_problems(problems, config, out_dir, engine, protocol, sandbox, verifier,
-                                   progress=lambda n: progress.advance(task, n))  # fmt: skip
+            rows = sample_problems(problems, config, out_dir, engine, protocol, sandbox, verifier, eval_rollout(config),
+                                   config.eval.questions_per_batch, progress=lambda n: progress.advance(task, n))  # fmt: skip
         metrics, table = summarize(
             rows, problems, bench.n_samples, verifier, config.eval.bootstrap, config.seed
         )

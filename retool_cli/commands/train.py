@@ -16,7 +16,14 @@ from rich.progress import Progress
 
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint, sample_problems, summarize
+from retool_cli.evaluation import (
+    config_key,
+    eval_rollout,
+    find_resumable,
+    resolve_checkpoint,
+    sample_problems,
+    summarize,
+)
 from retool_cli.modeling import load_model, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
@@ -42,7 +49,8 @@ def periodic_eval(
 ) -> dict:
     """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = sample_problems(problems, config, folder, engine, protocol, sandbox, verifier)
+    rows = sample_problems(problems, config, folder, engine, protocol, sandbox, verifier, eval_rollout(config),
+                           config.eval.questions_per_batch)  # fmt: skip
     metrics, _ = summarize(
         rows, problems, config.benchmark.n_samples, verifier, config.eval.bootstrap, config.seed
     )

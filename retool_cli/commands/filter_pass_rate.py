@@ -1,0 +1,124 @@
+"""retool filter-pass-rate: sample each problem n times with the policy, keep those solved sometimes.
+
+Outputs per shard: samples.jsonl (resumable), pass_rates.jsonl, filtered.jsonl, pass_rates.png and a summary;
+`retool filter-merge DIR` joins the shards of a sweep into the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.data import MathExample, load_jsonl, prepare_dataset
+from retool_cli.errors import DataError
+from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint, sample_problems
+from retool_cli.files import atomic_open, write_jsonl
+from retool_cli.modeling import load_model, load_tokenizer
+from retool_cli.protocol import build_protocol
+from retool_cli.reward import Verifier
+from retool_cli.rollout import build_engine
+from retool_cli.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+
+def run(config: RetoolConfig, run_dir: Path) -> None:
+    cfg = config.filter
+    if config.ckpt:
+        config = replace(
+            config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
+        )
+    problems = load_jsonl(cfg.input) if cfg.input else prepare_dataset(config.data, config.seed)[0]
+    shard = problems[config.shard.index :: config.shard.count]
+    out_dir = find_resumable(
+        run_dir, config_key(config), Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl"
+    )
+    (out_dir / "eval_key.txt").write_text(config_key(config) + "\n")
+    log.info("pass rates of %d problems (shard %d/%d) x %d samples with %s", len(shard), config.shard.index,
+             config.shard.count, cfg.n_samples, config.model.name_or_path)  # fmt: skip
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model).eval()
+    engine, protocol = build_engine(config, model, tokenizer), build_protocol(config.protocol, tokenizer)
+    rollout = replace(config.rollout, group_size=cfg.n_samples)
+    with contextlib.ExitStack() as stack:
+        sandbox = (
+            stack.enter_context(Sandbox(config.sandbox))
+            if config.protocol.name is not ProtocolName.none
+            else None
+        )
+        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
+        rows = sample_problems(shard, config, out_dir, engine, protocol, sandbox, verifier, rollout, 1,
+                               per_problem_seeds=True)  # fmt: skip
+    positions = list(
+        range(config.shard.index, len(problems), config.shard.count)
+    )  # places in the whole input
+    write_jsonl(out_dir / "problems.jsonl", [p.to_dict() for p in shard])
+    write_outputs(out_dir, shard, pass_rates(rows, shard, cfg.n_samples, positions), cfg.low, cfg.high)
+
+
+def pass_rates(rows: list[dict], problems: list[MathExample], n: int, positions: list[int]) -> list[dict]:
+    by_problem: dict[str, list[dict]] = {}
+    for row in rows:
+        by_problem.setdefault(row["problem_id"], []).append(row)
+    out = []
+    for p, position in zip(problems, positions, strict=True):
+        samples = by_problem[p.id][:n]
+        correct = sum(bool(r["correct"]) for r in samples)
+        out.append({"problem_id": p.id, "position": position, "n": len(samples), "correct": correct, "pass_rate": correct / len(samples),
+                    "mean_code_calls": sum(r["code_calls"] for r in samples) / len(samples)})  # fmt: skip
+    return out
+
+
+def write_outputs(
+    out_dir: Path, problems: list[MathExample], rates: list[dict], low: float, high: float
+) -> None:
+    rate_of = {r["problem_id"]: r["pass_rate"] for r in rates}
+    kept = [p.to_dict() for p in problems if low < rate_of[p.id] < high]
+    write_jsonl(out_dir / "filtered.jsonl", kept)
+    write_jsonl(out_dir / "pass_rates.jsonl", rates)
+    _histogram([r["pass_rate"] for r in rates], low, high, out_dir / "pass_rates.png")
+    never = sum(r == 0 for r in rate_of.values())
+    always = sum(r == 1 for r in rate_of.values())
+    Console().print(f"[bold]filter-pass-rate[/bold]: {len(problems)} problems, kept {len(kept)} with {low} < pass rate "
+                    f"< {high}; never solved {never}, always solved {always} -> {out_dir / 'filtered.jsonl'}")  # fmt: skip
+
+
+def _histogram(values: list[float], low: float, high: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.hist(values, bins=20, range=(0, 1))
+    for edge in (low, high):
+        ax.axvline(edge, color="red", linestyle="--")
+    ax.set_xlabel("pass rate")
+    ax.set_ylabel("problems")
+    fig.tight_layout()
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png", dpi=100)
+    plt.close(fig)
+
+
+def merge(folders: list[Path], out: Path, low: float, high: float) -> None:
+    """Join shard folders: every problem's pass rate, in the order of the original input, filtered again."""
+    problems: dict[str, MathExample] = {}
+    rates: list[dict] = []
+    for folder in folders:
+        for path in sorted(folder.rglob("pass_rates.jsonl")):
+            rates += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            problems.update({p.id: p for p in load_jsonl(path.parent / "problems.jsonl")})
+    if not rates:
+        raise DataError(f"no pass_rates.jsonl under {', '.join(map(str, folders))}")
+    rates.sort(key=lambda r: r["position"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(out, [problems[r["problem_id"]] for r in rates], rates, low, high)

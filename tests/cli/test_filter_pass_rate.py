@@ -1,0 +1,54 @@
+"""`retool filter-pass-rate`: end to end with the tiny model, resume after SIGKILL, shards merge to one run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.helpers import read_jsonl, run_retool
+
+ARGS = ["recipe=dapo_smoke", "data.synthetic.num_examples=24", "data.dev_size=4", "filter.n_samples=3",
+        "rollout.max_response_tokens=48", "rollout.max_tokens_per_turn=48"]  # fmt: skip
+
+
+def test_filter_resume_and_shards(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_retool("filter-pass-rate", *ARGS, "hydra.run.dir=run", cwd=whole, check=True)
+    rates = read_jsonl(whole / "run" / "pass_rates.jsonl")
+    assert [r["position"] for r in rates] == list(range(20)) and all(r["n"] == 3 for r in rates)
+    kept = {r["problem_id"] for r in rates if 0 < r["pass_rate"] < 1}
+    assert {r["id"] for r in read_jsonl(whole / "run" / "filtered.jsonl")} == kept
+    assert (whole / "run" / "pass_rates.png").exists()
+
+    # killed and run again: continues, ends with the same pass rates
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", "filter-pass-rate", *ARGS], cwd=broken,
+                            env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        samples = list(broken.rglob("samples.jsonl"))
+        if samples and len(samples[0].read_text().splitlines()) >= 15:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert not list(broken.rglob("pass_rates.jsonl")), "the run finished before it could be killed"
+    run_retool("filter-pass-rate", *ARGS, cwd=broken, check=True)
+    [resumed] = list(broken.rglob("pass_rates.jsonl"))
+    assert read_jsonl(resumed) == rates
+
+    # two shards in a sweep, merged: the same file as one run
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    run_retool("filter-pass-rate", *ARGS, "shard.count=2", "-m", "shard.index=0,1", cwd=sharded, check=True)
+    sweep = next((sharded / "outputs" / "filter-pass-rate" / "multirun").glob("*/*"))
+    run_retool("filter-merge", str(sweep), "--out", str(sharded / "merged"), "--low", "0", "--high", "1",
+               cwd=sharded, check=True)  # fmt: skip
+    assert read_jsonl(sharded / "merged" / "pass_rates.jsonl") == rates
+    assert read_jsonl(sharded / "merged" / "filtered.jsonl") == read_jsonl(whole / "run" / "filtered.jsonl")
