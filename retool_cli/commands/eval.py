@@ -67,7 +67,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     results = {
         "metrics": metrics,
         "protocol": {
-            "model": config.model.name_or_path, "ckpt": config.ckpt, "training_step": training_step(config.ckpt),
+            "model": config.model.name_or_path, "ckpt": config.ckpt,
+            "training_step": training_step(config.model.name_or_path if config.ckpt else None),
             "benchmark": bench.name, "data": (bench.data or config.data).hub_id or (bench.data or config.data).path,
             "revision": (bench.data or config.data).revision, "resolved_revision": resolved_revision, "tool_protocol": config.protocol.name.value,
             "n_samples": bench.n_samples, "temperature": bench.temperature, "top_p": bench.top_p,
