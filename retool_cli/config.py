@@ -216,6 +216,7 @@ class TrainerConfig:
     resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never
     eval_every: int = 0  # evaluate on the dev split every N steps with the benchmark's sampling (0 = off)
     eval_problems: int = 64  # dev problems of a periodic evaluation
+    nproc: int = 1  # processes (one per GPU); > 1 relaunches through torchrun, rank 0 writes the outputs
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% more time)
     tensorboard: bool = False  # also log to RUN/tensorboard (needs the tensorboard extra)
     wandb_project: str | None = None  # also log to this W&B project (needs the wandb extra)

@@ -17,7 +17,14 @@ from retool_cli.config import RetoolConfig
 from retool_cli.data import MathExample, take_batch
 from retool_cli.reward import Verifier, reward_metrics, score_batch
 from retool_cli.rollout.agent import Trajectory, run_rollouts
-from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.trainer import (
+    all_reduce_gradients,
+    all_reduce_sum,
+    micro_batches,
+    response_mask_matrix,
+    sequence_logprobs,
+    world,
+)
 
 
 def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: int, engine: Any, protocol: Any,
@@ -27,10 +34,14 @@ def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: i
     t = cfg.trainer
     trajectories, scores, rollout_metrics = [], [], {}
     rounds = t.max_sampling_rounds if t.dynamic_sampling else 1
+    rank, size = world()
     for round_index in range(rounds):
-        batch = take_batch(examples, cursor, t.questions_per_step)
+        batch = take_batch(examples, cursor, t.questions_per_step)[
+            rank::size
+        ]  # each process its share of questions
         cursor += t.questions_per_step
-        got, rollout_metrics = run_rollouts(batch, engine, protocol, sandbox, cfg.rollout, seed=cfg.seed * 1_000_003 + step * 16 + round_index,
+        seed = cfg.seed * 1_000_003 + step * 16 + round_index + rank * 7919
+        got, rollout_metrics = run_rollouts(batch, engine, protocol, sandbox, cfg.rollout, seed=seed,
                                             max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
         got_scores = score_batch([(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got],
                                  cfg.reward, verifier)  # fmt: skip
@@ -40,7 +51,7 @@ def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: i
             break
         rewards = torch.tensor([s.reward for s in scores])
         keep = ~degenerate_groups(rewards, group_ids(trajectories))
-        if int(keep.sum()) // cfg.rollout.group_size >= t.questions_per_step:
+        if all_reduce_sum(int(keep.sum())) // cfg.rollout.group_size >= t.questions_per_step:
             break
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
     return trajectories, rewards, scores, rollout_metrics, cursor
@@ -83,7 +94,10 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
     max_tokens = cfg.rollout.max_response_tokens
     for _epoch in range(t.epochs_per_batch):
         for mini in _split(keep, t.mini_batches):
-            tokens = sum(sum(masks[i]) for i in mini)
+            # With several processes each holds its share of the batch: the loss is normalised by the tokens
+            # and sequences of all of them, and gradients are summed, so N processes match one.
+            tokens = all_reduce_sum(sum(sum(masks[i]) for i in mini))
+            mini_size = all_reduce_sum(len(mini))
             if tokens == 0:
                 continue
             total = 0.0
@@ -103,7 +117,7 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
                 if (
                     t.loss_agg.value != "token_mean"
                 ):  # per-sequence means: weight micro-batches by their share
-                    loss = loss * len(chosen) / len(mini)
+                    loss = loss * len(chosen) / mini_size
                 if ref is not None and t.kl_coef > 0:
                     kl = kl_penalty(logp, _stack([ref[i] for i in chosen], width, device), t.kl_estimator)
                     kl_term = (kl * mask).sum() / tokens
@@ -113,15 +127,14 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
                 total += float(loss.detach())
                 stats["clip_fraction"].append(ls.clip_fraction)
                 stats["approx_kl"].append(ls.approx_kl)
+            all_reduce_gradients(model)
             stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats["loss"].append(total)
     scheduler.step()
     out = {f"train/{k}": sum(v) / len(v) if v else 0.0 for k, v in stats.items() if v or k != "kl_ref"}
-    out["train/optimizer_steps"] = float(
-        len(stats["loss"])
-    )  # 0 when every token was masked (e.g. all truncated)
+    out["train/optimizer_steps"] = float(len(stats["loss"]))  # 0 when every token was masked (all truncated)
     out["train/degenerate_group_rate"] = float(degenerate.float().mean())
     out["train/advantage_abs"] = float(advantages.abs().mean())
     out["train/lr"] = scheduler.get_last_lr()[0]

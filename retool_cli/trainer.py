@@ -77,6 +77,54 @@ def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]]
     return out.to(device)
 
 
+# ------------------------------------------------------------------ several processes (torchrun; gloo on CPU, nccl on CUDA)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without torch.distributed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group that torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or world()[1] > 1:
+        return world()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.distributed.init_process_group(backend)
+    return world()
+
+
+def barrier() -> None:
+    if world()[1] > 1:
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(value: float) -> float:
+    if world()[1] == 1:
+        return value
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    torch.distributed.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def all_reduce_gradients(model: torch.nn.Module) -> None:
+    """Sum gradients over processes (the loss is already normalised by global counts). One flat buffer, one
+    collective; parameters without a gradient on this rank contribute zeros."""
+    if world()[1] == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
 # ------------------------------------------------------------------ checkpoints
 
 

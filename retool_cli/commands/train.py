@@ -7,6 +7,8 @@ import contextlib
 import copy
 import logging
 import random
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from rich.progress import Progress
 
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
+from retool_cli.errors import RetoolError
 from retool_cli.evaluation import (
     config_key,
     eval_rollout,
@@ -32,8 +35,10 @@ from retool_cli.rollout import build_engine
 from retool_cli.sandbox import Sandbox
 from retool_cli.trainer import (
     MetricsLog,
+    barrier,
     build_optimizer,
     build_scheduler,
+    init_distributed,
     latest_checkpoint,
     load_trainer_state,
     plot_metrics,
@@ -59,14 +64,38 @@ def periodic_eval(
             "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
 
 
+def launch_processes(nproc: int, run_dir: Path) -> None:
+    """Run this same job as `nproc` torchrun processes sharing one run folder (this job's overrides only,
+    so a sweep job does not sweep again)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "retool_cli", "train", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    log.info("launching %d processes: %s", nproc, " ".join(command))
+    if subprocess.run(command).returncode != 0:
+        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
+
+
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
+    key = config_key(config)  # before the per-process changes below: every process must agree on it
+    rank, size = init_distributed()
+    if t.nproc > 1 and size == 1:
+        return launch_processes(t.nproc, run_dir)
+    if size > 1:  # every process its own sandbox uids and device
+        config = replace(
+            config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank)
+        )
+        if torch.cuda.is_available():
+            config = replace(
+                config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}")
+            )
     out_dir = run_dir
     if t.resume == "auto":
-        out_dir = find_resumable(
-            run_dir, config_key(config), Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl"
-        )
-    (out_dir / "eval_key.txt").write_text(config_key(config) + "\n")
+        out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl")
+    if rank == 0:
+        (out_dir / "eval_key.txt").write_text(key + "\n")
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     source = (
         str(checkpoint)
@@ -90,7 +119,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, optimizer, scheduler)
         start, cursor = state["step"], state["cursor"]
-        metrics.truncate_after(start)
+        if rank == 0:
+            metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
     log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
@@ -126,13 +156,17 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
                                          engine, protocol, sandbox, verifier))  # fmt: skip
-            metrics.write(row)
+            if rank == 0:
+                metrics.write(row)
             progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "
                             f"code {row['train/used_code']:.2f}")  # fmt: skip
-            if step % t.save_every == 0 or step == t.total_steps:
+            if (step % t.save_every == 0 or step == t.total_steps) and rank == 0:
                 save_checkpoint(
                     out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor}, t.keep_last
                 )
+            barrier()  # no process runs ahead of a checkpoint being written
+    if rank > 0:
+        return
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)

@@ -84,3 +84,13 @@ def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
     rows = metrics_of(tmp_path / "run")
     assert "eval/accuracy" not in rows[0] and 0.0 <= rows[1]["eval/accuracy"] <= 1.0
     assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
+
+
+def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
+    """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it."""
+    run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.nproc=2", f"trainer.init_from={sft_run}",
+               "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    rows = metrics_of(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
+    assert (tmp_path / "run" / "final.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_1", "step_2"]

@@ -1,0 +1,82 @@
+"""Several processes (gloo on CPU) on a global batch give the same update as one process on that batch."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from retool_cli.config import LossAgg, RetoolConfig
+from retool_cli.data import MathExample
+from retool_cli.rl import update
+from retool_cli.rollout.agent import Trajectory
+from retool_cli.tiny import tiny_model_path
+from retool_cli.trainer import build_scheduler
+
+
+def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
+    """2 questions x 4 samples with varied lengths, tool tokens (mask 0) and rewards."""
+    rng = random.Random(0)
+    trajectories, rewards = [], []
+    for q in range(2):
+        prompt = tokenizer.encode(f"What is {q + 3} * 7?")
+        for j in range(4):
+            length = rng.randint(5, 30)
+            response = [rng.randrange(10, len(tokenizer)) for _ in range(length)]
+            mask = [0 if 3 <= k < 6 else 1 for k in range(length)]  # a tool segment
+            trajectories.append(Trajectory(MathExample(f"q{q}", "x", "1", "t"), j, prompt, response, mask))
+            rewards.append(float(rng.choice([-1, 1])))
+    return trajectories, torch.tensor(rewards)
+
+
+def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if world > 1:
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+        )
+    path = tiny_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).train()
+    trajectories, rewards = batch(tokenizer)
+    mine = [
+        i for i, t in enumerate(trajectories) if int(t.example.id[1:]) % world == rank
+    ]  # whole groups per rank
+    cfg = RetoolConfig()
+    cfg.trainer.loss_agg, cfg.trainer.grad_clip, cfg.trainer.micro_batch_tokens = LossAgg(loss_agg), 1e9, 96
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient itself
+    scheduler = build_scheduler(optimizer, 0, 1, "constant")
+    stats = update(
+        cfg,
+        model,
+        [trajectories[i] for i in mine],
+        rewards[mine],
+        optimizer,
+        scheduler,
+        tokenizer.pad_token_id,
+    )
+    if rank == 0:
+        torch.save({"weights": model.state_dict(), "loss": stats["train/loss"]}, out)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+def test_two_processes_equal_one(tmp_path: Path, loss_agg: str) -> None:
+    tiny_model_path()  # build once before the processes start
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    mp.spawn(run_update, args=(1, str(tmp_path / "init1"), str(one), loss_agg), nprocs=1)
+    mp.spawn(run_update, args=(2, str(tmp_path / "init2"), str(two), loss_agg), nprocs=2)
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path()).state_dict()
+    a, b = torch.load(one), torch.load(two)
+    moved = 0
+    for name, weight in a["weights"].items():
+        assert torch.allclose(weight, b["weights"][name], atol=1e-6), name
+        moved += not torch.allclose(weight, initial[name], atol=1e-5)
+    assert moved > len(initial) // 2  # the update did something, and did the same thing
