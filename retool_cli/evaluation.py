@@ -9,7 +9,6 @@ killed run continued later samples exactly what the uninterrupted run would have
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -19,8 +18,6 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from omegaconf import OmegaConf
 
 from retool_cli.config import RetoolConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data import MathExample, prepare_dataset
@@ -65,32 +62,7 @@ def training_step(path: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# ------------------------------------------------------------------ resume
-
-
-def config_key(cfg: RetoolConfig) -> str:
-    """Identifies an evaluation: identical configs may continue each other's unfinished samples."""
-    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
-    keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
-    keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def find_resumable(run_dir: Path, key: str, search_root: Path, finished: str = "results.json",
-                   progress: str = "samples.jsonl") -> Path:  # fmt: skip
-    """The folder to write into: this one, or the latest unfinished run (no `finished` file, some `progress`
-    file) of the same config key under `search_root` (train: metrics.jsonl / final.txt)."""
-    if (run_dir / progress).exists():
-        return run_dir
-    candidates = [p.parent for p in search_root.rglob("eval_key.txt")
-                  if p.read_text().strip() == key and not (p.parent / finished).exists()
-                  and (p.parent / progress).exists() and p.parent != run_dir]  # fmt: skip
-    if not candidates:
-        return run_dir
-    latest = max(candidates, key=lambda p: (p / progress).stat().st_mtime)
-    (run_dir / "resumed_into.txt").write_text(f"{latest}\n")
-    log.info("resuming the unfinished run in %s", latest)
-    return latest
+# ------------------------------------------------------------------ samples on disk
 
 
 def read_samples(path: Path) -> list[dict]:
@@ -184,20 +156,27 @@ def summarize(rows: list[dict], problems: list[MathExample], n: int, verifier: V
     missing = [p.id for p in problems if len(by_problem.get(p.id, [])) < n]
     if missing:
         raise DataError(f"samples.jsonl lacks samples of {len(missing)} problems (first: {missing[0]})")
-    table, correct = [], []
-    maj_hits: dict[int, list[bool]] = {k: [] for k in k_values(n)}
+    table, correct, flat = [], [], []
+    maj_hits: dict[int, list[bool]] = {k: [] for k in k_values(n)}  # k_values ends with n
     for problem in problems:
         samples = sorted(by_problem[problem.id], key=lambda r: r["sample_index"])[:n]
+        flat += samples
         flags = [bool(r["correct"]) for r in samples]
         correct.append(flags)
         answers = [r["answer"] for r in samples]
         for k in maj_hits:
             majority = majority_answer(answers[:k], verifier.is_equivalent)
             maj_hits[k].append(majority is not None and verifier.is_equivalent(problem.answer, majority))
-        table.append({"problem_id": problem.id, "correct": sum(flags), "n": n,
-                      "majority_answer": majority_answer(answers, verifier.is_equivalent), "reference": problem.answer})  # fmt: skip
+        table.append(
+            {
+                "problem_id": problem.id,
+                "correct": sum(flags),
+                "n": n,
+                "majority_answer": majority,
+                "reference": problem.answer,
+            }
+        )  # fmt: skip (majority of all n)
     acc = avg_at_k(correct, bootstrap=bootstrap, seed=seed)
-    flat = [r for p in problems for r in by_problem[p.id][:n]]
     calls = sum(r["code_calls"] for r in flat)
     metrics: dict[str, Any] = {
         f"avg@{n}": acc.mean, "se_sampling": acc.se_sampling, "se_problems": acc.se_problems,

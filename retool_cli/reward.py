@@ -320,12 +320,12 @@ def score_batch(
     items: list[tuple[str, str, bool, int]], cfg: RewardConfig, verifier: Verifier
 ) -> list[RewardScore]:
     """Score (final assistant text, reference answer, truncated, response tokens) tuples."""
-    extracted = [extract_boxed(answer_text(text), cfg.answer_window_chars) for text, _, _, _ in items]
     if cfg.function is RewardFunction.dapo_strict:
         strict = [dapo_strict_correct(answer_text(text), gold) for text, gold, _, _ in items]
         verdicts = [Verdict(ok) for ok, _ in strict]
         extracted = [found for _, found in strict]
     else:
+        extracted = [extract_boxed(answer_text(text), cfg.answer_window_chars) for text, _, _, _ in items]
         to_check = [
             (i, (items[i][1], found))
             for i, found in enumerate(extracted)

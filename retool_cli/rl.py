@@ -7,7 +7,9 @@ take_batch(cursor) --run_rollouts--> trajectories (token ids as sampled, tool to
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -179,17 +181,15 @@ def step_metrics(trajectories: list[Trajectory], scores: list, rollout_metrics: 
 
 
 class Timer:
+    """Seconds spent per named phase: `with timer("rollout_s"): ...`."""
+
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
 
-    def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.times[name] = timer.times.get(name, 0.0) + time.perf_counter() - self.start
-
-        return _Span()
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start

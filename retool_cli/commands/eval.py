@@ -16,9 +16,7 @@ from rich.table import Table
 from retool_cli import __version__
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.evaluation import (
-    config_key,
     eval_rollout,
-    find_resumable,
     load_benchmark,
     resolve_checkpoint,
     sample_problems,
@@ -30,6 +28,7 @@ from retool_cli.modeling import load_model, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rollout import build_engine
+from retool_cli.runs import config_key, find_resumable, write_key
 from retool_cli.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     bench = config.benchmark
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
-    (out_dir / "eval_key.txt").write_text(key + "\n")
+    write_key(out_dir, key)
     log.info("%s: %d problems x %d samples, model %s, protocol %s -> %s", bench.name, len(problems),
              bench.n_samples, config.model.name_or_path, config.protocol.name.value, out_dir)  # fmt: skip
 

@@ -18,12 +18,13 @@ from rich.console import Console
 from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.data import MathExample, load_jsonl, prepare_dataset
 from retool_cli.errors import DataError
-from retool_cli.evaluation import config_key, find_resumable, resolve_checkpoint, sample_problems
+from retool_cli.evaluation import resolve_checkpoint, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
 from retool_cli.modeling import load_model, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rollout import build_engine
+from retool_cli.runs import config_key, find_resumable, write_key
 from retool_cli.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         )
     problems = load_jsonl(cfg.input) if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]
-    out_dir = find_resumable(
-        run_dir, config_key(config), Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl"
-    )
-    (out_dir / "eval_key.txt").write_text(config_key(config) + "\n")
+    key = config_key(config)
+    out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl")
+    write_key(out_dir, key)
     log.info("pass rates of %d problems (shard %d/%d) x %d samples with %s", len(shard), config.shard.index,
              config.shard.count, cfg.n_samples, config.model.name_or_path)  # fmt: skip
     torch.manual_seed(config.seed)

@@ -20,9 +20,7 @@ from retool_cli.config import ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
 from retool_cli.errors import RetoolError
 from retool_cli.evaluation import (
-    config_key,
     eval_rollout,
-    find_resumable,
     resolve_checkpoint,
     sample_problems,
     summarize,
@@ -32,6 +30,7 @@ from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rl import Timer, collect, step_metrics, update
 from retool_cli.rollout import build_engine
+from retool_cli.runs import config_key, find_resumable, write_key
 from retool_cli.sandbox import Sandbox
 from retool_cli.trainer import (
     MetricsLog,
@@ -95,7 +94,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     if t.resume == "auto":
         out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl")
     if rank == 0:
-        (out_dir / "eval_key.txt").write_text(key + "\n")
+        write_key(out_dir, key)
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     source = (
         str(checkpoint)

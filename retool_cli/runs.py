@@ -1,0 +1,45 @@
+"""Resuming by running the same command again: a run folder is tagged with a key of its config, and a new
+run of an identical config continues the latest unfinished folder with that key (eval, train, filter)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from retool_cli.config import RetoolConfig
+
+log = logging.getLogger(__name__)
+KEY_FILE = "run_key.txt"
+
+
+def config_key(cfg: RetoolConfig) -> str:
+    """Identifies a run: runs of identical configs may continue each other's unfinished work."""
+    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
+    keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_resumable(run_dir: Path, key: str, search_root: Path, finished: str = "results.json",
+                   progress: str = "samples.jsonl") -> Path:  # fmt: skip
+    """The folder to write into: this one, or the latest unfinished run (no `finished` file, some `progress`
+    file) of the same config key under `search_root` (train: metrics.jsonl / final.txt)."""
+    if (run_dir / progress).exists():
+        return run_dir
+    candidates = [p.parent for p in search_root.rglob(KEY_FILE)
+                  if p.read_text().strip() == key and not (p.parent / finished).exists()
+                  and (p.parent / progress).exists() and p.parent != run_dir]  # fmt: skip
+    if not candidates:
+        return run_dir
+    latest = max(candidates, key=lambda p: (p / progress).stat().st_mtime)
+    (run_dir / "resumed_into.txt").write_text(f"{latest}\n")
+    log.info("resuming the unfinished run in %s", latest)
+    return latest
+
+
+def write_key(out_dir: Path, key: str) -> None:
+    (out_dir / KEY_FILE).write_text(key + "\n")
