@@ -222,8 +222,6 @@ def _dataset_rows(dataset: Any, name: str) -> Iterator[RawRow]:
 def read_source_rows(cfg: DataConfig) -> Iterator[RawRow]:
     if cfg.path:
         return read_local_rows(cfg.path)
-    if cfg.source is DataSource.synthetic:
-        raise DataError("synthetic data is generated, not read")  # prepare_dataset handles it
     if not cfg.hub_id:
         raise DataError(f"data.hub_id or data.path is required for data.source={cfg.source.value}")
     return read_hub_rows(cfg.hub_id, cfg.revision, cfg.split)
