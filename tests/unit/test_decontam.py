@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from retool_cli.decontam import BenchmarkIndex, flagged, ngrams, normalize, number_precision, openr1_flags
+from retool_cli.decontam import (
+    BenchmarkIndex,
+    _word_ids,
+    flagged,
+    ngrams,
+    normalize,
+    number_precision,
+    openr1_flags,
+)
 
 BENCH = [
     "Let $x$ and $y$ be real numbers such that $x + y = 17$ and $xy = 60$. Find the value of $x^2 + y^2$ for these numbers.",
@@ -65,3 +73,40 @@ def test_any_rule_matches_openr1() -> None:
 def test_unknown_rule() -> None:
     with pytest.raises(ValueError, match="unknown decontamination rule"):
         flagged(BenchmarkIndex(BENCH, 3).overlaps(["x"])[0], "fuzzy", 0.5)
+
+
+def test_byte_level_words_split_and_hash_like_python() -> None:
+    """The numpy word split sees what `text.lower().split()` sees: Unicode and ASCII-control whitespace, non-ASCII
+    letters, control bytes that are not whitespace, and words longer than 8 and 16 bytes."""
+    rows = [
+        "Alpha\u00a0beta\u3000GAMMA\tdelta\x1cepsilon",  # NBSP, ideographic space, tab, file separator
+        "ÉCOLE naïve ŞEHİR x\x01y x\x7fy",  # non-ASCII upper case; \x01 is not whitespace
+        "abcdefgh abcdefghi abcdefghijklmnopq abcdefghijklmnopr",  # 8, 9, 17 bytes; differ only in the 17th
+        "",
+        "   ",
+    ]
+    ids, owners, per_row = _word_ids(rows, latex=False, punctuation=False)
+    words = [w for r in rows for w in r.lower().split()]
+    assert per_row.tolist() == [len(r.lower().split()) for r in rows]
+    assert owners.tolist() == [i for i, r in enumerate(rows) for _ in r.lower().split()]
+    # Same word, same id; different words, different ids.
+    by_word: dict[str, int] = {}
+    for word, word_id in zip(words, ids.tolist(), strict=True):
+        assert by_word.setdefault(word, word_id) == word_id
+    assert len(set(by_word.values())) == len(by_word)
+
+
+def test_any_rule_matches_openr1_on_unicode_and_long_words() -> None:
+    bench = ["the quick brown fox jumps over the lazy dog near the riverbank_with_a_very_long_token today"]
+    rows = [
+        "THE\u00a0QUICK brown fox jumps over the lazy dog",  # Unicode space, upper case: same 8-gram
+        "quick brown fox jumps over the lazy dog near",  # shifted: shares 8-grams
+        "lazy dog near the riverbank_with_a_very_long_tokem today and more",  # the long token differs at its end
+        "the quick brown fox jumps over the lazy",  # exactly one 8-gram
+        "the quick brown fox jumps over the",  # 7 words
+    ]
+    ours = [
+        o.shared > 0
+        for o in BenchmarkIndex(bench, 8, latex=False, punctuation=False).overlaps(rows, chunk_rows=2)
+    ]
+    assert ours == openr1_flags(rows, bench) == [True, True, False, True, False]
