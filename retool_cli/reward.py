@@ -139,6 +139,53 @@ def _as_math(text: str) -> str:
     return f"${text}$"
 
 
+def install_two_stage_latex_parsing() -> bool:
+    """Make math-verify's LaTeX parser (latex2sympy2's ANTLR grammar) try ANTLR's fast SLL prediction first
+    and fall back to full LL only when that raises. ANTLR guarantees that an SLL parse without a syntax
+    error is the tree LL would build, and any error (syntax or conversion) re-runs the original LL parse,
+    so results are unchanged; parsing, ~85% of math-verify's time, gets about 2x faster. Inputs nested deeper
+than 12 brackets keep plain LL (see below). Returns False, changing
+    nothing, when latex2sympy2's internals are not the ones this was written against (1.11)."""
+    try:
+        from antlr4.atn.PredictionMode import PredictionMode
+        from latex2sympy2_extended import latex2sympy2
+
+        converter = latex2sympy2._Latex2Sympy
+        create_parser, parse = converter.create_parser, converter.parse
+    except (ImportError, AttributeError):
+        return False
+
+    def create_parser_in_mode(self, latex_str):
+        parser = create_parser(self, latex_str)
+        parser._interp.predictionMode = getattr(self, "_retool_prediction_mode", PredictionMode.LL)
+        return parser
+
+    def parse_sll_then_ll(self, latex_str):
+        self._retool_prediction_mode = PredictionMode.LL
+        if _bracket_depth(latex_str) > 12:  # deep nesting: LL may hit Python's recursion limit where SLL
+            return parse(self, latex_str)  # would not, and SLL can take minutes; keep the original behaviour
+        self._retool_prediction_mode = PredictionMode.SLL
+        try:
+            return parse(self, latex_str)
+        except Exception:
+            self._retool_prediction_mode = PredictionMode.LL
+            return parse(self, latex_str)
+
+    converter.create_parser, converter.parse = create_parser_in_mode, parse_sll_then_ll
+    return True
+
+
+def _bracket_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        if char in "({[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")}]":
+            depth -= 1
+    return deepest
+
+
 def judge_worker_main() -> None:
     """A math-verify process: one JSON line [gold, pred] in, one JSON line (the verdict) out."""
     import logging
@@ -146,6 +193,7 @@ def judge_worker_main() -> None:
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its alarm timeouts
+    install_two_stage_latex_parsing()
 
     @functools.lru_cache(maxsize=4096)  # a reference answer is judged against many samples
     def parsed(text: str) -> list:

@@ -218,3 +218,41 @@ def test_score_batch_is_deterministic_and_metrics(verifier: Verifier) -> None:
         and metrics["reward/formatted"] == 0.75
         and metrics["reward/truncated"] == 0.25
     )
+
+
+TWO_STAGE_CHECK = r"""
+import json, sys
+from latex2sympy2_extended.latex2sympy2 import latex2sympy
+from retool_cli.reward import install_two_stage_latex_parsing
+
+def parsed(text):
+    try:
+        return repr(latex2sympy(text))
+    except Exception as error:
+        return "error: " + type(error).__name__
+
+texts = json.loads(sys.argv[1])
+before = [parsed(t) for t in texts]
+assert install_two_stage_latex_parsing()
+after = [parsed(t) for t in texts]
+print(json.dumps([before, after]))
+"""
+
+
+def test_two_stage_latex_parsing_builds_the_same_expressions() -> None:
+    """SLL-then-LL parsing (installed in the judge workers) gives what plain LL parsing gives, for inputs that
+    SLL parses, inputs that need the LL fallback (sets, intervals, comma lists), and invalid ones."""
+    import json
+    import subprocess
+    import sys
+
+    texts = ["\\frac{3}{4}", "2\\sqrt{3}+1", "(1, 2]", "\\{1, 2, 3\\}", "(-\\infty, -2) \\cup (3, \\infty)",
+             "1, 2, 3", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "x \\le 3", "10,080", "3 + 4i",
+             "\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{1}{", "}{", "\\text{(E)}", "f(x) = x^2 + 1",
+             "(" * 12 + "x" + ")" * 12, "(" * 14 + "x" + ")" * 14,  # deeper than 12: plain LL
+             "x^5 - x^4 + x^3 - x^2 + x - 1", "8n^2 + 4n + 1", "V_{1}:V_{2}=11:21"]  # fmt: skip  (last 3: need LL)
+    out = subprocess.run([sys.executable, "-c", TWO_STAGE_CHECK, json.dumps(texts)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    before, after = json.loads(out.stdout)
+    assert after == before
+    assert any(b.startswith("error") for b in before) and any(not b.startswith("error") for b in before)
