@@ -106,8 +106,12 @@ def main() -> None:
         ours = [o.shared > 0 for o in index.overlaps(train)]
         ours_s.append(time.perf_counter() - started)
     plain_med, ours_med = statistics.median(plain_s), statistics.median(ours_s)
-    print(f"{len(train)} rows x {len(bench)} benchmark problems, `any` rule, n=8, median of {args.rounds} rounds")
-    print(f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x")
+    print(
+        f"{len(train)} rows x {len(bench)} benchmark problems, `any` rule, n=8, median of {args.rounds} rounds"
+    )
+    print(
+        f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x"
+    )
     print(f"flags: open-r1 {sum(plain)}, ours {sum(ours)}, identical: {plain == ours}")
 
     print("\nrecall on edited benchmark copies (200 each) and false positives on 176 real DAPO rows:")

@@ -3,7 +3,10 @@ workload of ../shared/bench/trl_grpo_baseline.py (same tiny model, tokenizer and
 samples, 64 new tokens, temperature 1), alternating runs in one process. Also multi-turn throughput of
 the agent loop with 2 code calls per trajectory, with and without overlapping sandbox execution.
 
-    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7]
+    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16]
+
+--bf16 also times our engine sampling from a bfloat16 copy of the weights (rollout.dtype=bfloat16), on its
+own line: the comparison itself is fp32 against fp32.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-multiturn", action="store_true")
+    parser.add_argument("--bf16", action="store_true")
     args = parser.parse_args()
     from retool_cli.rollout.hf_engine import HFEngine, Sampling
 
@@ -118,9 +122,9 @@ def main() -> None:
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
     engine = HFEngine(model, tokenizer)
-    torch.set_num_threads(torch.get_num_threads())
+    engine_bf16 = HFEngine(model, tokenizer, torch.bfloat16) if args.bf16 else None
 
-    ours_s, trl_s, ours_tokens, trl_tokens = [], [], [], []
+    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = [], [], [], [], []
     for i in range(args.repeats + 1):  # the first round warms up both
         started = time.perf_counter()
         gens = engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
@@ -128,6 +132,11 @@ def main() -> None:
         started = time.perf_counter()
         tokens = trl_style_generate(model, tokenizer, grouped, 64, seed=i)
         elapsed_trl = time.perf_counter() - started
+        if engine_bf16 is not None:
+            started = time.perf_counter()
+            engine_bf16.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
+            if i:
+                bf16_s.append(time.perf_counter() - started)
         if i:
             ours_s.append(elapsed_ours)
             trl_s.append(elapsed_trl)
@@ -146,6 +155,11 @@ def main() -> None:
     print(
         f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})"
     )
+    if bf16_s:
+        b = statistics.median(bf16_s)
+        print(
+            f"ours, bfloat16 weights (not the fp32 workload): median {b:.3f} s per batch, ratio to TRL fp32 {b / t:.2f}"
+        )
     if not args.skip_multiturn:
         multiturn(model, tokenizer)
 

@@ -2,9 +2,11 @@
 ../shared/bench/trl_grpo_baseline.py (same tiny model, tokenizer, prompts; 4 x 8 samples, 64 new tokens,
 fp32, no KL, token-mean "dapo" loss, lr 1e-5), alternating runs, medians and the ratio, and peak memory.
 
-    python benchmarks/train_bench.py [--trl-python ~/trl-venv/bin/python] [--rounds 2] [--steps 10]
+    python benchmarks/train_bench.py [--trl-python ~/trl-venv/bin/python] [--rounds 2] [--steps 10] [--bf16]
 
 TRL runs in its own virtual environment (see ../shared/bench/README.md); without --trl-python only ours runs.
+--bf16 also runs ours with bfloat16 sampling (rollout.dtype) and bf16 autocast in the update, reported on its
+own line: that is not the fp32 workload the comparison is defined on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_bench import load_baseline_builders
 
 
-def ours(bench_dir: Path, steps: int) -> dict:
+def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
     from transformers import AutoModelForCausalLM
 
     from retool_cli.config import LossAgg, RetoolConfig
@@ -45,9 +47,10 @@ def ours(bench_dir: Path, steps: int) -> dict:
     cfg = RetoolConfig()
     cfg.trainer.loss_agg, cfg.trainer.lr, cfg.trainer.micro_batch_tokens = LossAgg.token_mean, 1e-5, 1 << 20
     cfg.rollout.max_response_tokens = 64
+    cfg.trainer.bf16_autocast = bf16
     optimizer = build_optimizer(model, cfg.trainer.lr, 0.0)
     scheduler = build_scheduler(optimizer, 0, steps, "constant")
-    engine = HFEngine(model, tokenizer)
+    engine = HFEngine(model, tokenizer, torch.bfloat16 if bf16 else None)
     times, tokens = [], []
     for step in range(steps):
         started = time.perf_counter()
@@ -67,6 +70,7 @@ def ours(bench_dir: Path, steps: int) -> dict:
             example = MathExample(str(i // 8), "q", row["answer"], "bench")
             trajectories.append(Trajectory(example, i % 8, prompt, gen.token_ids, [1] * len(gen.token_ids)))
         update(cfg, model, trajectories, torch.tensor(rewards), optimizer, scheduler, tokenizer.pad_token_id)
+        engine.update_weights(model.state_dict())  # a no-op when the engine shares the fp32 model
         times.append(time.perf_counter() - started)
         tokens.append(sum(len(g.token_ids) for g in gens))
     return {"median_s_per_step": statistics.median(times[1:]), "tokens_per_s": sum(tokens[1:]) / sum(times[1:]),
@@ -98,21 +102,20 @@ def main() -> None:
     parser.add_argument("--trl-python", default=None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--bf16", action="store_true")
     args = parser.parse_args()
-    mine, theirs = [], []
+    mine, theirs, mine_bf16 = [], [], []
     for round_index in range(args.rounds):
-        # each of ours runs in a fresh process so that peak memory is its own
-        proc = subprocess.run([sys.executable, __file__, "--_ours", str(args.bench_dir), str(args.steps)],
-                              capture_output=True, text=True)  # fmt: skip
-        if proc.returncode != 0:
-            raise SystemExit(proc.stderr[-3000:])
-        mine.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        mine.append(run_ours(args.bench_dir, args.steps, bf16=False))
         print(
             f"round {round_index}: ours {mine[-1]['median_s_per_step']:.3f} s/step, peak RSS {mine[-1]['peak_rss_mb']:.0f} MB"
         )
         if args.trl_python:
             theirs.append(trl(args.trl_python, args.bench_dir, args.steps))
             print(f"round {round_index}: TRL  {theirs[-1]['median_s_per_step']:.3f} s/step")
+        if args.bf16:
+            mine_bf16.append(run_ours(args.bench_dir, args.steps, bf16=True))
+            print(f"round {round_index}: ours bf16 {mine_bf16[-1]['median_s_per_step']:.3f} s/step")
     o = statistics.median(m["median_s_per_step"] for m in mine)
     print(
         f"ours: median {o:.3f} s/step, {statistics.median(m['tokens_per_s'] for m in mine):.0f} completion tokens/s"
@@ -120,10 +123,23 @@ def main() -> None:
     if theirs:
         t = statistics.median(m["median_s_per_step"] for m in theirs)
         print(f"TRL:  median {t:.3f} s/step   ratio ours/TRL = {o / t:.2f}")
+    if mine_bf16:
+        b = statistics.median(m["median_s_per_step"] for m in mine_bf16)
+        print(f"ours, bf16 sampling + bf16 autocast (not the fp32 workload): median {b:.3f} s/step"
+              + (f"   ratio to TRL fp32 = {b / t:.2f}" if theirs else ""))  # fmt: skip
+
+
+def run_ours(bench_dir: Path, steps: int, bf16: bool) -> dict:
+    """In a fresh process, so that peak memory is its own."""
+    proc = subprocess.run([sys.executable, __file__, "--_ours", str(bench_dir), str(steps), str(int(bf16))],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--_ours":
-        print(json.dumps(ours(Path(sys.argv[2]), int(sys.argv[3]))))
+    if len(sys.argv) == 5 and sys.argv[1] == "--_ours":
+        print(json.dumps(ours(Path(sys.argv[2]), int(sys.argv[3]), bf16=sys.argv[4] == "1")))
     else:
         main()

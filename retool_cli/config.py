@@ -116,6 +116,11 @@ class RolloutConfig:
     """Sampling of trajectories with the agent loop (train, eval, filter-pass-rate)."""
 
     engine: Engine = Engine.hf
+    # Weights the engine generates with: auto = the policy's own (hf: shared with the trainer, nothing to
+    # copy); float32 | bfloat16 | float16 = a copy in that dtype, refreshed after each optimizer step
+    # (e.g. bfloat16 sampling next to an fp32 trainer, as vLLM-based recipes do; the trainer recomputes
+    # the logprobs it trains on in its own precision).
+    dtype: str = "auto"
     group_size: int = 8  # samples per question (GRPO group)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -218,6 +223,8 @@ class TrainerConfig:
     eval_problems: int = 64  # dev problems of a periodic evaluation
     nproc: int = 1  # processes (one per GPU); > 1 relaunches through torchrun, rank 0 writes the outputs
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% more time)
+    bf16_autocast: bool = False  # mixed precision: forward passes under torch.autocast(bfloat16) over fp32
+    # weights (keep model.dtype=float32); CUDA, or CPUs with AVX512-BF16/AMX. Also used by `retool sft`.
     tensorboard: bool = False  # also log to RUN/tensorboard (needs the tensorboard extra)
     wandb_project: str | None = None  # also log to this W&B project (needs the wandb extra)
     train_file: str | None = None  # a prepared train.jsonl; None = build from the `data` section in memory

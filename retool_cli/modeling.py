@@ -18,12 +18,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, key: str = "model.dtype") -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
-        raise ConfigError(f"model.dtype={name!r}: use one of auto, {', '.join(dtypes)}")
+        raise ConfigError(f"{key}={name!r}: use one of auto, {', '.join(dtypes)}")
     return dtypes[name]
 
 

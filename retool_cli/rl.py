@@ -84,8 +84,12 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
     # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
     # as the old ones and the extra forward pass is skipped (as TRL does with num_iterations=1).
     on_policy = t.epochs_per_batch == 1 and t.mini_batches == 1
-    old = None if on_policy else _all_logprobs(model, sequences, pad_id, device, t.micro_batch_tokens)
-    ref = _all_logprobs(ref_model, sequences, pad_id, device, t.micro_batch_tokens) if ref_model else None
+
+    def all_logprobs(m: Any) -> list[torch.Tensor]:
+        return _all_logprobs(m, sequences, pad_id, device, t.micro_batch_tokens, t.bf16_autocast)
+
+    old = None if on_policy else all_logprobs(model)
+    ref = all_logprobs(ref_model) if ref_model else None
     stats: dict[str, list[float]] = {
         "loss": [],
         "clip_fraction": [],
@@ -105,7 +109,8 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
             total = 0.0
             for group in micro_batches([len(sequences[i]) for i in mini], t.micro_batch_tokens):
                 chosen = [mini[j] for j in group]
-                logp, _ = sequence_logprobs(model, [sequences[i] for i in chosen], pad_id, device)  # (B, L-1)
+                logp, _ = sequence_logprobs(model, [sequences[i] for i in chosen], pad_id, device,
+                                            bf16_autocast=t.bf16_autocast)  # (B, L-1)  # fmt: skip
                 width = logp.shape[1]
                 mask = response_mask_matrix(
                     [prompt_lens[i] for i in chosen], [masks[i] for i in chosen], width, device
@@ -144,13 +149,13 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
 
 
 @torch.no_grad()
-def _all_logprobs(
-    model: Any, sequences: list[list[int]], pad_id: int, device: torch.device, budget: int
-) -> list[torch.Tensor]:
+def _all_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device, budget: int,
+                  bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
     """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for group in micro_batches([len(s) for s in sequences], budget):
-        logp, _ = sequence_logprobs(model, [sequences[i] for i in group], pad_id, device)
+        logp, _ = sequence_logprobs(model, [sequences[i] for i in group], pad_id, device,
+                                    bf16_autocast=bf16_autocast)  # fmt: skip
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out

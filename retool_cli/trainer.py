@@ -60,11 +60,14 @@ def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.
 
 
 def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device,
-                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Logprobs of every next token of right-padded sequences: (B, L-1) and its validity mask (B, L-1)."""
+                      temperature: float = 1.0, bf16_autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Logprobs of every next token of right-padded sequences: (B, L-1) and its validity mask (B, L-1).
+    With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
+    is always taken in fp32."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
     return token_logprobs(logits, ids[:, 1:], temperature), attention[:, 1:]
 
 

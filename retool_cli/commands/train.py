@@ -149,8 +149,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                     tokenizer.pad_token_id,
                     ref_model,
                 )
-            if hasattr(engine, "update_weights"):  # vLLM keeps its own copy of the weights
-                engine.update_weights(model.state_dict())
+            # vLLM, or an hf engine generating in another dtype, holds its own copy of the weights
+            engine.update_weights(model.state_dict())
             row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",

@@ -13,11 +13,15 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any) -> Any:
         from retool_cli.modeling import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
 
+        dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
         return VLLMEngine(
-            model_path(cfg.model), dtype=cfg.model.dtype, seed=cfg.seed,
+            model_path(cfg.model), dtype=dtype, seed=cfg.seed,
             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
             sleep_mode=cfg.rollout.vllm_enable_sleep_mode, max_model_len=cfg.model.max_context_tokens,
         )  # fmt: skip
+    from retool_cli.modeling import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine
 
-    return HFEngine(model, tokenizer)
+    device = next(model.parameters()).device
+    dtype = None if cfg.rollout.dtype == "auto" else resolve_dtype(cfg.rollout.dtype, device, "rollout.dtype")
+    return HFEngine(model, tokenizer, dtype)

@@ -9,6 +9,7 @@ sampled tokens' logprobs, and a seeded generator (same seed, same tokens on CPU)
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,12 @@ class Generation:
 
 
 class HFEngine:
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
+        """Generates with `model` itself, or, when `dtype` differs from the model's, with a copy in `dtype`
+        (e.g. bfloat16 next to an fp32 trainer) that `update_weights` refreshes."""
+        self.copied = dtype is not None and dtype != next(model.parameters()).dtype
+        if self.copied:
+            model = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         self.model = model
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -42,6 +48,11 @@ class HFEngine:
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         )
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """After an optimizer step: nothing to do when sharing the trainer's model; cast-copy into our own."""
+        if self.copied:
+            self.model.load_state_dict(state_dict)
 
     @property
     def device(self) -> torch.device:

@@ -290,3 +290,34 @@ def test_vllm_engine_missing_is_a_clear_error() -> None:
     cfg.rollout.engine = Engine.vllm
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*rollout.engine=hf"):
         build_engine(cfg, None, None)
+
+
+def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenizer) -> None:
+    """rollout.dtype=bfloat16 next to an fp32 trainer: generation runs on a bf16 copy (the trainer's weights
+    stay fp32), a trainer step does not reach it until update_weights, and then it does."""
+    from retool_cli.config import RetoolConfig
+    from retool_cli.rollout import build_engine
+    from retool_cli.rollout.hf_engine import Sampling
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    cfg = RetoolConfig()
+    cfg.rollout.dtype = "bfloat16"
+    engine = build_engine(cfg, model, tokenizer)
+    assert engine.model is not model and next(engine.model.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32
+    prompt = tokenizer.encode("What is 2+3?")
+    greedy = Sampling(temperature=0.0)
+    before = engine.generate([prompt], [12], [], greedy)[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)  # a (large) trainer step
+    assert engine.generate([prompt], [12], [], greedy)[0].token_ids == before.token_ids  # not yet synced
+    engine.update_weights(model.state_dict())
+    synced = next(engine.model.parameters())
+    assert synced.dtype == torch.bfloat16 and torch.equal(synced, next(model.parameters()).to(torch.bfloat16))
+    # sharing (rollout.dtype=auto): no copy, nothing to refresh
+    cfg.rollout.dtype = "auto"
+    assert build_engine(cfg, model, tokenizer).model is model
+    cfg.rollout.dtype = "fp8"
+    with pytest.raises(ConfigError, match="rollout.dtype='fp8'"):
+        build_engine(cfg, model, tokenizer)
