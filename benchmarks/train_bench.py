@@ -70,7 +70,7 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
             example = MathExample(str(i // 8), "q", row["answer"], "bench")
             trajectories.append(Trajectory(example, i % 8, prompt, gen.token_ids, [1] * len(gen.token_ids)))
         update(cfg, model, trajectories, torch.tensor(rewards), optimizer, scheduler, tokenizer.pad_token_id)
-        engine.update_weights(model.state_dict())  # a no-op when the engine shares the fp32 model
+        engine.update_weights(model)  # a no-op when the engine shares the fp32 model
         times.append(time.perf_counter() - started)
         tokens.append(sum(len(g.token_ids) for g in gens))
     return {"median_s_per_step": statistics.median(times[1:]), "tokens_per_s": sum(tokens[1:]) / sum(times[1:]),

@@ -98,6 +98,20 @@ class ModelConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = bf16 on CUDA, fp32 on CPU
     device: str = "auto"  # auto | cpu | cuda; auto = cuda when available
     max_context_tokens: int = 4096  # prompt + response budget of one trajectory
+    # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
+    # Checkpoints hold the merged weights (from_pretrained / vLLM load them) and the adapter (for resume).
+    lora_rank: int = 0  # 0 = off (full fine-tuning)
+    lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # module names that get adapters (Llama-family names)
+
+    def __post_init__(self) -> None:
+        _check(self.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = off)")
+        _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
+        _check(not self.lora_rank or bool(self.lora_target_modules), "model.lora_target_modules",
+               "needs at least one module name when model.lora_rank > 0")  # fmt: skip
 
 
 class Engine(enum.Enum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,3 +52,61 @@ def load_model(cfg: ModelConfig) -> Any:
     dtype = resolve_dtype(cfg.dtype, device)
     model = AutoModelForCausalLM.from_pretrained(model_path(cfg), dtype=dtype)
     return model.to(device)
+
+
+def load_policy(cfg: ModelConfig, source: str, gradient_checkpointing: bool = False,
+                adapter: Path | None = None) -> Any:  # fmt: skip
+    """The policy to train, in train mode: weights from `source`, optional gradient checkpointing, and LoRA
+    adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
+    from dataclasses import replace
+
+    model = load_model(replace(cfg, name_or_path=source))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if cfg.lora_rank:  # frozen embeddings: make their output require grad so checkpointed blocks backprop
+            model.enable_input_require_grads()
+    if cfg.lora_rank:
+        model = apply_lora(model, cfg, adapter)
+    return model.train()
+
+
+def apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None = None) -> Any:
+    """Wrap the policy in LoRA adapters (peft): only they train. `adapter`: a checkpoint's saved adapter to
+    continue from (resume); otherwise fresh adapters (B = 0, so the policy starts unchanged)."""
+    try:
+        from peft import LoraConfig, PeftModel, get_peft_model
+    except ImportError as exc:
+        raise ConfigError("model.lora_rank > 0 needs peft: pip install -e '.[lora]'") from exc
+    if adapter is not None:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                        target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")  # fmt: skip
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # e.g. no module matches the target names
+        raise ConfigError(f"model.lora_target_modules={list(cfg.lora_target_modules)}: {exc}") from exc
+
+
+def is_lora(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
+@torch.no_grad()
+def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """A LoRA policy's weights under the base model's own names with each adapter's delta added (what
+    from_pretrained and vLLM load), computed without merging in place, so the trained weights are untouched."""
+    base = model.get_base_model()
+    deltas = {
+        name: module.get_delta_weight(module.active_adapters[0])
+        for name, module in base.named_modules()
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
+    }
+    merged = {}
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        if key.endswith(".base_layer.weight"):
+            module = key[: -len(".base_layer.weight")]
+            tensor = tensor + deltas[module].to(tensor.dtype)
+        merged[key.replace(".base_layer.", ".")] = tensor.detach().clone()
+    return merged

@@ -16,6 +16,7 @@ import torch
 
 from retool_cli.algorithms import token_logprobs
 from retool_cli.errors import ConfigError
+from retool_cli.modeling import is_lora, merged_state_dict
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -143,13 +144,17 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
                     state: dict, keep_last: int) -> Path:  # fmt: skip
-    """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM), the tokenizer,
-    and trainer_state.pt (optimizer, scheduler, RNG, data cursor). Written to a temporary folder, then renamed."""
+    """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
+    in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG, data cursor). Written to a temporary folder, then renamed."""
     root = run_dir / "checkpoints"
     final, staging = root / f"step_{step}", root / f".step_{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    model.save_pretrained(staging, safe_serialization=True)
+    if is_lora(model):  # merged weights for from_pretrained / vLLM / eval, the adapter itself for resume
+        model.get_base_model().save_pretrained(staging, state_dict=merged_state_dict(model))
+        model.save_pretrained(staging / "adapter")
+    else:
+        model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
                 "step": step, **state}, staging / "trainer_state.pt")  # fmt: skip

@@ -11,7 +11,7 @@ import torch
 
 from retool_cli.config import RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.modeling import load_model, load_tokenizer
+from retool_cli.modeling import load_policy, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.traces import message_traces, synthetic_traces
 from retool_cli.trainer import (
@@ -32,7 +32,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.sft
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model).train()
+    model = load_policy(config.model, config.model.name_or_path, config.trainer.gradient_checkpointing)
     device = next(model.parameters()).device
     protocol = build_protocol(config.protocol, tokenizer)
     if cfg.traces_file:

@@ -25,7 +25,7 @@ from retool_cli.evaluation import (
     sample_problems,
     summarize,
 )
-from retool_cli.modeling import load_model, load_tokenizer
+from retool_cli.modeling import load_policy, load_tokenizer
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rl import Timer, collect, step_metrics, update
@@ -96,16 +96,15 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     if rank == 0:
         write_key(out_dir, key)
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
-    source = (
-        str(checkpoint)
-        if checkpoint
-        else (str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path)
-    )
+    initial = str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path
+    lora = config.model.lora_rank > 0
+    # A checkpoint's weights are complete (LoRA merged in); a LoRA run resumes from its initial weights plus
+    # the checkpoint's adapter instead, so that the trained parameters are the adapters again.
+    source = str(checkpoint) if checkpoint and not lora else initial
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(replace(config.model, name_or_path=source)).train()
-    if t.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    adapter = checkpoint / "adapter" if checkpoint and lora else None
+    model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
     train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
     examples = load_jsonl(t.train_file) if t.train_file else train_split
     random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
@@ -150,7 +149,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                     ref_model,
                 )
             # vLLM, or an hf engine generating in another dtype, holds its own copy of the weights
-            engine.update_weights(model.state_dict())
+            engine.update_weights(model)
             row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",

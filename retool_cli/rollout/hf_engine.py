@@ -49,10 +49,10 @@ class HFEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         )
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def update_weights(self, policy: Any) -> None:
         """After an optimizer step: nothing to do when sharing the trainer's model; cast-copy into our own."""
         if self.copied:
-            self.model.load_state_dict(state_dict)
+            self.model.load_state_dict(policy.state_dict())
 
     @property
     def device(self) -> torch.device:
@@ -76,7 +76,9 @@ class HFEngine:
         device = self.device
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stopper = _StopChecker(self.tokenizer, stop_strings)
-        decoder = KVDecoder(self.model) if supports(self.model) else HFCacheDecoder(self.model)
+        # A LoRA (peft) policy: decode through its base model, whose layers carry the adapters.
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        decoder = KVDecoder(base) if supports(base) else HFCacheDecoder(self.model)
         # Prefill each distinct prompt once; the rows of a group then copy its cache.
         unique: dict[tuple[int, ...], int] = {}
         row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]

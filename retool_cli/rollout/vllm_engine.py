@@ -66,8 +66,12 @@ class VLLMEngine:
         )
         return [_to_generation(out.outputs[0]) for out in outputs]
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
-        """After an optimizer step: copy the trainer's weights into the engine, without a restart."""
+    def update_weights(self, policy: Any) -> None:
+        """After an optimizer step: copy the trainer's weights into the engine, without a restart (a LoRA
+        policy's adapters merged in, under the base model's names)."""
+        from retool_cli.modeling import is_lora, merged_state_dict
+
+        state_dict = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
         self.llm.collective_rpc("load_named_tensors", args=(list(state_dict.items()),))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,3 +95,21 @@ def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
     assert (tmp_path / "run" / "final.txt").exists()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_1", "step_2"]
+
+
+def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path: Path) -> None:
+    """model.lora_rank with bf16 autocast and bf16 sampling: checkpoints hold merged weights and the adapter;
+    a run resumed from step 1 (adapter + optimizer state) writes the same step-2 metrics as the whole run."""
+    args = ["train", *TRAIN, "trainer.total_steps=2", "model.lora_rank=4", "trainer.bf16_autocast=true",
+            "rollout.dtype=bfloat16", "trainer.lr=1e-3", f"trainer.init_from={sft_run}", "hydra.run.dir=run",
+            "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48"]  # lengths vary the reward  # fmt: skip
+    run_retool(*args, cwd=tmp_path, check=True)
+    run = tmp_path / "run"
+    whole = comparable(metrics_of(run))
+    assert [r["step"] for r in whole] == [1, 2] and whole[1]["train/grad_norm"] > 0
+    assert (run / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors").exists()
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_2")  # merged weights, plain HF format
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    (run / "final.txt").unlink()
+    run_retool(*args, cwd=tmp_path, check=True)
+    assert comparable(metrics_of(run)) == whole

@@ -312,7 +312,7 @@ def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenize
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)  # a (large) trainer step
     assert engine.generate([prompt], [12], [], greedy)[0].token_ids == before.token_ids  # not yet synced
-    engine.update_weights(model.state_dict())
+    engine.update_weights(model)
     synced = next(engine.model.parameters())
     assert synced.dtype == torch.bfloat16 and torch.equal(synced, next(model.parameters()).to(torch.bfloat16))
     # sharing (rollout.dtype=auto): no copy, nothing to refresh

@@ -31,3 +31,48 @@ def test_micro_batches_respect_the_token_budget() -> None:
     groups = micro_batches(lengths, 20)
     assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
     assert all(max(lengths[i] for i in g) * len(g) <= 20 or len(g) == 1 for g in groups)
+
+
+def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> None:
+    """model.lora_rank > 0: only adapters train; the checkpoint's weights (adapters merged in, computed without
+    touching the live model) load with from_pretrained and give the LoRA policy's logits; the HF engine
+    decodes through the adapters."""
+    from transformers import AutoTokenizer
+
+    from retool_cli.config import ModelConfig
+    from retool_cli.modeling import load_policy, merged_state_dict
+    from retool_cli.rollout.hf_engine import HFEngine, Sampling
+    from retool_cli.trainer import build_optimizer, build_scheduler, save_checkpoint
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_alpha=8.0)
+    policy = load_policy(cfg, str(tiny_model_path()))
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    base_before = {k: v.clone() for k, v in policy.get_base_model().state_dict().items() if "lora_" not in k}
+    optimizer = build_optimizer(policy, 1e-2, 0.0)
+    ids = [torch.randint(0, 200, (10,)).tolist() for _ in range(3)]
+    for _ in range(3):
+        logp, mask = sequence_logprobs(policy, ids, 0, torch.device("cpu"))
+        (-(logp * mask).sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    merged = merged_state_dict(policy)
+    assert all(torch.equal(v, policy.get_base_model().state_dict()[k]) for k, v in base_before.items())
+    clean = {k.replace(".base_layer.", "."): v for k, v in base_before.items()}
+    assert merged.keys() == clean.keys()
+    changed = [k for k in merged if not torch.equal(merged[k], clean[k])]
+    assert any("q_proj" in k for k in changed)  # the adapters' deltas are in the merged weights
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
+    folder = save_checkpoint(tmp_path, 3, policy, tokenizer, optimizer, build_scheduler(optimizer, 0, 3, "constant"),
+                             {"cursor": 0}, keep_last=1)  # fmt: skip
+    assert (folder / "adapter" / "adapter_config.json").exists()
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()
+    policy.eval()
+    x = torch.tensor([ids[0]])
+    with torch.no_grad():
+        assert torch.allclose(plain(x).logits, policy(x).logits, atol=1e-4)
+    prompt, greedy = tokenizer.encode("What is 2+3?"), Sampling(temperature=0.0)
+    assert (HFEngine(policy, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
+            == HFEngine(plain, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids)  # fmt: skip
