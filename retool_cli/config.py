@@ -236,6 +236,8 @@ class TrainerConfig:
     eval_every: int = 0  # evaluate on the dev split every N steps with the benchmark's sampling (0 = off)
     eval_problems: int = 64  # dev problems of a periodic evaluation
     nproc: int = 1  # processes (one per GPU); > 1 relaunches through torchrun, rank 0 writes the outputs
+    fsdp: bool = False  # with nproc > 1: shard parameters, gradients and optimizer state (FSDP2) instead of
+    # a whole copy per process; rollouts all-gather the weights once per step
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% more time)
     bf16_autocast: bool = False  # mixed precision: forward passes under torch.autocast(bfloat16) over fp32
     # weights (keep model.dtype=float32); CUDA, or CPUs with AVX512-BF16/AMX. Also used by `retool sft`.

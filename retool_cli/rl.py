@@ -17,16 +17,17 @@ import torch
 from retool_cli.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
 from retool_cli.config import RetoolConfig
 from retool_cli.data import MathExample, take_batch
-from retool_cli.reward import Verifier, reward_metrics, score_batch
-from retool_cli.rollout.agent import Trajectory, run_rollouts
-from retool_cli.trainer import (
+from retool_cli.distributed import (
     all_reduce_gradients,
     all_reduce_sum,
-    micro_batches,
-    response_mask_matrix,
-    sequence_logprobs,
+    equal_count,
+    grad_norm,
+    is_sharded,
     world,
 )
+from retool_cli.reward import Verifier, reward_metrics, score_batch
+from retool_cli.rollout.agent import Trajectory, run_rollouts
+from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_logprobs
 
 
 def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: int, engine: Any, protocol: Any,
@@ -107,7 +108,14 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
             if tokens == 0:
                 continue
             total = 0.0
-            for group in micro_batches([len(sequences[i]) for i in mini], t.micro_batch_tokens):
+            groups = _equalized(micro_batches([len(sequences[i]) for i in mini], t.micro_batch_tokens), model)
+            for group in groups:
+                if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
+                    logp, _ = sequence_logprobs(
+                        model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast
+                    )
+                    (logp.sum() * 0.0).backward()
+                    continue
                 chosen = [mini[j] for j in group]
                 logp, _ = sequence_logprobs(model, [sequences[i] for i in chosen], pad_id, device,
                                             bf16_autocast=t.bf16_autocast)  # (B, L-1)  # fmt: skip
@@ -135,7 +143,9 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
                 stats["clip_fraction"].append(ls.clip_fraction)
                 stats["approx_kl"].append(ls.approx_kl)
             all_reduce_gradients(model)
-            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)))
+            stats["grad_norm"].append(
+                grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+            )
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats["loss"].append(total)
@@ -153,9 +163,9 @@ def _all_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: t
                   bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
     """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
-    for group in micro_batches([len(s) for s in sequences], budget):
-        logp, _ = sequence_logprobs(model, [sequences[i] for i in group], pad_id, device,
-                                    bf16_autocast=bf16_autocast)  # fmt: skip
+    for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
+        chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
+        logp, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast)
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out
@@ -169,8 +179,17 @@ def _stack(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.
 
 
 def _split(indices: list[int], parts: int) -> list[list[int]]:
-    size = max(1, -(-len(indices) // parts))
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
+    """Exactly `parts` contiguous, nearly equal slices (some may be empty): every process runs as many
+    mini-batches as the others, whatever its share of the batch."""
+    bounds = [len(indices) * k // parts for k in range(parts + 1)]
+    return [indices[bounds[k] : bounds[k + 1]] for k in range(parts)]
+
+
+def _equalized(groups: list[list[int]], model: Any) -> list[list[int]]:
+    """Under FSDP2 every process runs as many forward/backward passes as the busiest one: pad with empty ones."""
+    if not is_sharded(model):
+        return groups
+    return groups + [[] for _ in range(equal_count(len(groups)) - len(groups))]
 
 
 def step_metrics(trajectories: list[Trajectory], scores: list, rollout_metrics: dict, timings: dict) -> dict:

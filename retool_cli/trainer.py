@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from retool_cli.algorithms import token_logprobs
+from retool_cli.distributed import load_optimizer_state
 from retool_cli.errors import ConfigError
 from retool_cli.modeling import is_lora, merged_state_dict
 
@@ -81,54 +82,6 @@ def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]]
     return out.to(device)
 
 
-# ------------------------------------------------------------------ several processes (torchrun; gloo on CPU, nccl on CUDA)
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) without torch.distributed."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the process group that torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
-    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or world()[1] > 1:
-        return world()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    torch.distributed.init_process_group(backend)
-    return world()
-
-
-def barrier() -> None:
-    if world()[1] > 1:
-        torch.distributed.barrier()
-
-
-def all_reduce_sum(value: float) -> float:
-    if world()[1] == 1:
-        return value
-    tensor = torch.tensor([float(value)], dtype=torch.float64)
-    torch.distributed.all_reduce(tensor)
-    return float(tensor.item())
-
-
-def all_reduce_gradients(model: torch.nn.Module) -> None:
-    """Sum gradients over processes (the loss is already normalised by global counts). One flat buffer, one
-    collective; parameters without a gradient on this rank contribute zeros."""
-    if world()[1] == 1:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    torch.distributed.all_reduce(flat)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-
-
 # ------------------------------------------------------------------ checkpoints
 
 
@@ -143,20 +96,24 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-                    state: dict, keep_last: int) -> Path:  # fmt: skip
+                    state: dict, keep_last: int, full: tuple[dict | None, dict | None] = (None, None)) -> Path:  # fmt: skip
     """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
-    in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG, data cursor). Written to a temporary folder, then renamed."""
+    in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
+    data cursor). `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
+    temporary folder, then renamed."""
     root = run_dir / "checkpoints"
     final, staging = root / f"step_{step}", root / f".step_{step}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    model_state, optimizer_state = full
     if is_lora(model):  # merged weights for from_pretrained / vLLM / eval, the adapter itself for resume
         model.get_base_model().save_pretrained(staging, state_dict=merged_state_dict(model))
         model.save_pretrained(staging / "adapter")
     else:
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, state_dict=model_state)
     tokenizer.save_pretrained(staging)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+    optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(),
                 "step": step, **state}, staging / "trainer_state.pt")  # fmt: skip
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
@@ -171,9 +128,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def load_trainer_state(checkpoint: Path, optimizer: Any, scheduler: Any) -> dict:
+def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any) -> dict:
     state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state

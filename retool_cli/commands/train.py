@@ -11,14 +11,16 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.config import Engine, ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.errors import RetoolError
+from retool_cli.distributed import barrier, full_state, full_weights, init_distributed, shard
+from retool_cli.errors import ConfigError, RetoolError
 from retool_cli.evaluation import (
     eval_rollout,
     resolve_checkpoint,
@@ -30,14 +32,13 @@ from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rl import Timer, collect, step_metrics, update
 from retool_cli.rollout import build_engine
+from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key, find_resumable, write_key
 from retool_cli.sandbox import Sandbox
 from retool_cli.trainer import (
     MetricsLog,
-    barrier,
     build_optimizer,
     build_scheduler,
-    init_distributed,
     latest_checkpoint,
     load_trainer_state,
     plot_metrics,
@@ -61,6 +62,25 @@ def periodic_eval(
     n = config.benchmark.n_samples
     return {"eval/accuracy": metrics[f"avg@{n}"], "eval/se_problems": metrics["se_problems"],
             "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
+
+
+def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
+    """The policy to train and where its weights came from. A checkpoint's weights are complete (LoRA merged
+    in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
+    trained parameters are the adapters again."""
+    t, lora = config.trainer, config.model.lora_rank > 0
+    initial = str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path
+    source = str(checkpoint) if checkpoint and not lora else initial
+    adapter = checkpoint / "adapter" if checkpoint and lora else None
+    model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
+    if sharded:  # what FSDP2 sharding is built and tested with
+        if lora or config.rollout.dtype != "auto":
+            raise ConfigError("trainer.fsdp=true: LoRA (model.lora_rank) and rollout.dtype are not supported "
+                              "with FSDP2 yet; use data parallel (trainer.fsdp=false) for them")  # fmt: skip
+        if config.rollout.engine is Engine.hf and not supports(model):
+            raise ConfigError(f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
+                              f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm")  # fmt: skip
+    return model, source
 
 
 def launch_processes(nproc: int, run_dir: Path) -> None:
@@ -96,15 +116,12 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     if rank == 0:
         write_key(out_dir, key)
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
-    initial = str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path
-    lora = config.model.lora_rank > 0
-    # A checkpoint's weights are complete (LoRA merged in); a LoRA run resumes from its initial weights plus
-    # the checkpoint's adapter instead, so that the trained parameters are the adapters again.
-    source = str(checkpoint) if checkpoint and not lora else initial
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    adapter = checkpoint / "adapter" if checkpoint and lora else None
-    model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
+    model, source = policy_for(config, checkpoint, sharded=t.fsdp and size > 1)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
+    if t.fsdp and size > 1:
+        shard(model)  # after the reference copy: that one stays whole on each process
     train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
     examples = load_jsonl(t.train_file) if t.train_file else train_split
     random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
@@ -115,12 +132,11 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     )
     start, cursor = 0, 0
     if checkpoint is not None:
-        state = load_trainer_state(checkpoint, optimizer, scheduler)
+        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
         start, cursor = state["step"], state["cursor"]
         if rank == 0:
             metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
     log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
              t.questions_per_step, config.rollout.group_size, source, out_dir)  # fmt: skip
     engine = build_engine(config, model, tokenizer)
@@ -133,7 +149,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         task = progress.add_task("train", total=t.total_steps, completed=start)
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
-            with timer("rollout_s"):
+            with timer("rollout_s"), full_weights(model):
                 trajectories, rewards, scores, rollout_metrics, cursor = collect(
                     config, examples, cursor, step, engine, protocol, sandbox, verifier
                 )
@@ -152,16 +168,18 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             engine.update_weights(model)
             row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
-                row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
-                                         engine, protocol, sandbox, verifier))  # fmt: skip
+                with full_weights(model):
+                    row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
+                                             engine, protocol, sandbox, verifier))  # fmt: skip
             if rank == 0:
                 metrics.write(row)
             progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "
                             f"code {row['train/used_code']:.2f}")  # fmt: skip
-            if (step % t.save_every == 0 or step == t.total_steps) and rank == 0:
-                save_checkpoint(
-                    out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor}, t.keep_last
-                )
+            if step % t.save_every == 0 or step == t.total_steps:
+                full = full_state(model, optimizer)  # FSDP2: gathered on rank 0, by every process
+                if rank == 0:
+                    save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor},
+                                    t.keep_last, full)  # fmt: skip
             barrier()  # no process runs ahead of a checkpoint being written
     if rank > 0:
         return

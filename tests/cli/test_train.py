@@ -99,17 +99,36 @@ def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
 
 def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path: Path) -> None:
     """model.lora_rank with bf16 autocast and bf16 sampling: checkpoints hold merged weights and the adapter;
-    a run resumed from step 1 (adapter + optimizer state) writes the same step-2 metrics as the whole run."""
-    args = ["train", *TRAIN, "trainer.total_steps=2", "model.lora_rank=4", "trainer.bf16_autocast=true",
+    a run resumed from step 2 (adapter + optimizer state) writes the same later metrics as the whole run."""
+    args = ["train", *TRAIN, "trainer.total_steps=4", "trainer.keep_last=3", "model.lora_rank=4", "trainer.bf16_autocast=true",
             "rollout.dtype=bfloat16", "trainer.lr=1e-3", f"trainer.init_from={sft_run}", "hydra.run.dir=run",
             "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48"]  # lengths vary the reward  # fmt: skip
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
-    assert [r["step"] for r in whole] == [1, 2] and whole[1]["train/grad_norm"] > 0
-    assert (run / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors").exists()
-    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_2")  # merged weights, plain HF format
-    shutil.rmtree(run / "checkpoints" / "step_2")
+    assert [r["step"] for r in whole] == [1, 2, 3, 4] and whole[1]["train/grad_norm"] > 0
+    assert (run / "checkpoints" / "step_4" / "adapter" / "adapter_model.safetensors").exists()
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_4")  # merged weights, plain HF format
+    for step in (3, 4):  # resume from step 2: step 4's rollouts depend on step 3's Adam update from its state
+        shutil.rmtree(run / "checkpoints" / f"step_{step}")
+    (run / "final.txt").unlink()
+    run_retool(*args, cwd=tmp_path, check=True)
+    assert comparable(metrics_of(run)) == whole
+
+
+def test_fsdp2_two_processes_checkpoint_and_resume(sft_run: Path, tmp_path: Path) -> None:
+    """trainer.fsdp=true with 2 processes: rollouts on all-gathered weights, checkpoints gathered to rank 0
+    (plain HF weights), and a resume from step 2 (optimizer state re-sharded) repeats steps 3 and 4 exactly."""
+    args = ["train", *TRAIN, "trainer.total_steps=4", "trainer.keep_last=3", "trainer.nproc=2", "trainer.fsdp=true",
+            f"trainer.init_from={sft_run}", "hydra.run.dir=run", "trainer.mask_truncated=false",
+            "reward.overlong_buffer_tokens=48"]  # fmt: skip
+    run_retool(*args, cwd=tmp_path, check=True)
+    run = tmp_path / "run"
+    whole = comparable(metrics_of(run))
+    assert [r["step"] for r in whole] == [1, 2, 3, 4] and whole[1]["train/grad_norm"] > 0
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_4")
+    for step in (3, 4):  # resume from step 2: step 4's rollouts depend on step 3's Adam update from its state
+        shutil.rmtree(run / "checkpoints" / f"step_{step}")
     (run / "final.txt").unlink()
     run_retool(*args, cwd=tmp_path, check=True)
     assert comparable(metrics_of(run)) == whole

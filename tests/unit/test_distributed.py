@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data import MathExample
+from retool_cli.distributed import full_state, shard
 from retool_cli.rl import update
 from retool_cli.rollout.agent import Trajectory
 from retool_cli.tiny import tiny_model_path
@@ -24,7 +25,7 @@ def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
     for q in range(2):
         prompt = tokenizer.encode(f"What is {q + 3} * 7?")
         for j in range(4):
-            length = rng.randint(5, 30)
+            length = rng.randint(5, 30) + 25 * q  # q1 needs more micro-batches: FSDP2 ranks pad with empty passes
             response = [rng.randrange(10, len(tokenizer)) for _ in range(length)]
             mask = [0 if 3 <= k < 6 else 1 for k in range(length)]  # a tool segment
             trajectories.append(Trajectory(MathExample(f"q{q}", "x", "1", "t"), j, prompt, response, mask))
@@ -32,7 +33,7 @@ def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
     return trajectories, torch.tensor(rewards)
 
 
-def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str) -> None:
+def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, fsdp: bool = False) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if world > 1:
@@ -42,6 +43,8 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str) -
     path = tiny_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).train()
+    if fsdp and world > 1:
+        shard(model)
     trajectories, rewards = batch(tokenizer)
     mine = [
         i for i, t in enumerate(trajectories) if int(t.example.id[1:]) % world == rank
@@ -59,18 +62,22 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str) -
         scheduler,
         tokenizer.pad_token_id,
     )
+    weights, _ = full_state(model, optimizer)  # FSDP2: gathered on rank 0 (a collective)
     if rank == 0:
-        torch.save({"weights": model.state_dict(), "loss": stats["train/loss"]}, out)
+        torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)
     if world > 1:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
-def test_two_processes_equal_one(tmp_path: Path, loss_agg: str) -> None:
+@pytest.mark.parametrize(("loss_agg", "fsdp"), [("token_mean", False), ("seq_mean_token_mean", False),
+                                               ("token_mean", True), ("seq_mean_token_mean", True)])  # fmt: skip
+def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool) -> None:
+    """Data parallel (whole model per process, gradients all-reduced) and FSDP2 (sharded parameters, gradients
+    reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update."""
     tiny_model_path()  # build once before the processes start
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     mp.spawn(run_update, args=(1, str(tmp_path / "init1"), str(one), loss_agg), nprocs=1)
-    mp.spawn(run_update, args=(2, str(tmp_path / "init2"), str(two), loss_agg), nprocs=2)
+    mp.spawn(run_update, args=(2, str(tmp_path / "init2"), str(two), loss_agg, fsdp), nprocs=2)
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path()).state_dict()

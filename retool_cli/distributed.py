@@ -1,0 +1,151 @@
+"""Several processes (torchrun; gloo on CPU, nccl on CUDA): the process group, the collectives the RL update
+needs, and FSDP2 sharding of the policy (`trainer.fsdp`).
+
+Data parallel (default): every process holds the whole model; the loss is normalised by global token and
+sequence counts and gradients are summed, so N processes make the update one process makes on the union of
+their batches. FSDP2: parameters, gradients and optimizer state are sharded over the processes (each layer
+is all-gathered for its forward and backward); gradients are reduce-scattered as sums, same update.
+Collectives must be called by every process the same number of times: see `equal_count`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without torch.distributed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group that torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or world()[1] > 1:
+        return world()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.distributed.init_process_group(backend)
+    return world()
+
+
+def barrier() -> None:
+    if world()[1] > 1:
+        torch.distributed.barrier()
+
+
+def all_reduce_sum(value: float) -> float:
+    if world()[1] == 1:
+        return value
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    torch.distributed.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def equal_count(count: int) -> int:
+    """The largest `count` over processes: how many forward/backward passes each must run under FSDP2, whose
+    all-gathers and reduce-scatters are collectives (a process short of work runs empty passes)."""
+    if world()[1] == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def all_reduce_gradients(model: torch.nn.Module) -> None:
+    """Sum gradients over processes (the loss is already normalised by global counts). One flat buffer, one
+    collective; parameters without a gradient on this rank contribute zeros. FSDP2 did it in backward."""
+    if world()[1] == 1 or is_sharded(model):
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+# ------------------------------------------------------------------ FSDP2
+
+
+def is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard(model: Any) -> None:
+    """FSDP2 over all processes: each decoder layer is one unit (gathered for its own forward/backward), the
+    rest (embeddings, final norm, head) is the root's. Gradients are summed, not averaged: the loss is
+    normalised by global counts already."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for module in _units(model):
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)
+
+
+def _units(model: Any) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def full_weights(model: Any) -> Iterator[None]:
+    """Every parameter all-gathered for the duration (rollouts: the engine's decode loop calls the layers'
+    submodules directly, outside FSDP's hooks). A collective: every process enters together."""
+    if not is_sharded(model):
+        yield
+        return
+    units = _units(model)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+
+
+def grad_norm(norm: torch.Tensor) -> float:
+    """clip_grad_norm_'s result as a float (a DTensor under FSDP2)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def full_state(model: Any, optimizer: Any) -> tuple[dict | None, dict | None]:
+    """Under FSDP2: the whole model and optimizer state, gathered to CPU on rank 0 (a collective; other
+    ranks get empty dicts). (None, None) otherwise: the caller uses the objects' own state_dict()."""
+    if not is_sharded(model):
+        return None, None
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(
+        model, optimizer, options=options
+    )
+
+
+def load_optimizer_state(model: Any, optimizer: Any, state: dict) -> None:
+    """Load a full optimizer state (as saved by rank 0): each process keeps its shard under FSDP2."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
