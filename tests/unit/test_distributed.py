@@ -25,7 +25,8 @@ def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
     for q in range(2):
         prompt = tokenizer.encode(f"What is {q + 3} * 7?")
         for j in range(4):
-            length = rng.randint(5, 30) + 25 * q  # q1 needs more micro-batches: FSDP2 ranks pad with empty passes
+            # q1 is longer, so it needs more micro-batches: FSDP2 ranks pad with empty passes
+            length = rng.randint(5, 30) + 25 * q
             response = [rng.randrange(10, len(tokenizer)) for _ in range(length)]
             mask = [0 if 3 <= k < 6 else 1 for k in range(length)]  # a tool segment
             trajectories.append(Trajectory(MathExample(f"q{q}", "x", "1", "t"), j, prompt, response, mask))
