@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -37,6 +39,8 @@ def test_every_data_option_composes(command: str, option: str) -> None:
     cfg = composed(command, overrides)
     assert cfg.data.source is DataSource[option]
     assert cfg.command == command
+    if cfg.data.hub_id:  # hub sources are pinned to a commit, so a rerun reads the same rows
+        assert re.fullmatch(r"[0-9a-f]{40}", cfg.data.revision), (option, cfg.data.revision)
 
 
 @pytest.mark.parametrize("command", PRIMARY)
@@ -62,6 +66,9 @@ def test_every_benchmark_option_composes(option: str) -> None:
     cfg = composed("eval", overrides)
     assert cfg.benchmark.name == option
     assert (cfg.benchmark.data is None) == (option == "smoke")
+    data = cfg.benchmark.data
+    if data is not None and data.hub_id:
+        assert re.fullmatch(r"[0-9a-f]{40}", data.revision), (option, data.revision)
 
 
 def test_recipe_values_and_command_line_wins() -> None:
