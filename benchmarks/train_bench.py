@@ -33,7 +33,7 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
 
     from retool_cli.config import LossAgg, RetoolConfig
     from retool_cli.data import MathExample
-    from retool_cli.rl import update
+    from retool_cli.rl import rollout_batch, update
     from retool_cli.rollout.agent import Trajectory
     from retool_cli.rollout.hf_engine import HFEngine, Sampling
     from retool_cli.trainer import build_optimizer, build_scheduler
@@ -69,7 +69,8 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
             rewards.append(1.0 if numbers and numbers[-1] == row["answer"] else 0.0)
             example = MathExample(str(i // 8), "q", row["answer"], "bench")
             trajectories.append(Trajectory(example, i % 8, prompt, gen.token_ids, [1] * len(gen.token_ids)))
-        update(cfg, model, trajectories, torch.tensor(rewards), optimizer, scheduler, tokenizer.pad_token_id)
+        batch = rollout_batch(trajectories, torch.tensor(rewards))
+        update(cfg, model, batch, optimizer, scheduler, tokenizer.pad_token_id)
         engine.update_weights(model)  # a no-op when the engine shares the fp32 model
         times.append(time.perf_counter() - started)
         tokens.append(sum(len(g.token_ids) for g in gens))

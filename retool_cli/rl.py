@@ -1,8 +1,9 @@
 """One RL step: rollouts with the interpreter -> rewards -> group advantages -> clipped policy updates.
 
-take_batch(cursor) --run_rollouts--> trajectories (token ids as sampled, tool tokens masked)
-  --score_batch--> rewards --group_advantages--> (N,) --old logprobs (no grad)-->
-  epochs x mini-batches x token-budget micro-batches of policy_loss --> optimizer steps
+take_batch(cursor) --run_rollouts--> trajectories (token ids as sampled, tool tokens masked) --score_batch-->
+  rewards, in a Batch (rollout_batch: trajectory, score | reward; rounds concatenated with dynamic sampling)
+  --update: + advantage (N,), loss mask, old / reference logprobs--> epochs x mini-batches (Batch.index)
+  x token-budget micro-batches of policy_loss --> optimizer steps
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from retool_cli.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
+from retool_cli.batch import Batch
 from retool_cli.config import RetoolConfig
 from retool_cli.data import MathExample, take_batch
 from retool_cli.distributed import (
@@ -30,34 +32,65 @@ from retool_cli.rollout.agent import Trajectory, run_rollouts
 from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_logprobs
 
 
+def rollout_batch(trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None,
+                  metrics: dict | None = None) -> Batch:  # fmt: skip
+    """The envelope of a rollout round for the update: per sample its trajectory (and reward score) and its
+    reward (N,); the round's rollout metrics in meta (concatenated rounds keep every round's values)."""
+    objects: dict[str, list] = {"trajectory": trajectories}
+    if scores is not None:
+        objects["score"] = scores
+    return Batch({"reward": rewards.to(torch.float32)}, objects, {"metrics": metrics or {}})
+
+
 def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: int, engine: Any, protocol: Any,
-            sandbox: Any, verifier: Verifier) -> tuple[list[Trajectory], torch.Tensor, list, dict, int]:  # fmt: skip
-    """Rollouts and rewards for one step. With dynamic sampling, groups whose rewards are all equal are
-    dropped and more questions are sampled (up to trainer.max_sampling_rounds batches)."""
+            sandbox: Any, verifier: Verifier) -> tuple[Batch, int]:  # fmt: skip
+    """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
+    of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);
+    the update then drops the all-equal groups."""
     t = cfg.trainer
-    trajectories, scores, rollout_metrics = [], [], {}
-    rounds = t.max_sampling_rounds if t.dynamic_sampling else 1
+    rounds: list[Batch] = []
     rank, size = world()
-    for round_index in range(rounds):
-        batch = take_batch(examples, cursor, t.questions_per_step)[
-            rank::size
-        ]  # each process its share of questions
+    for round_index in range(t.max_sampling_rounds if t.dynamic_sampling else 1):
+        questions = take_batch(examples, cursor, t.questions_per_step)[rank::size]  # this process's share
         cursor += t.questions_per_step
         seed = cfg.seed * 1_000_003 + step * 16 + round_index + rank * 7919
-        got, rollout_metrics = run_rollouts(batch, engine, protocol, sandbox, cfg.rollout, seed=seed,
-                                            max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
-        got_scores = score_batch([(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got],
-                                 cfg.reward, verifier)  # fmt: skip
-        trajectories += got
-        scores += got_scores
+        got, metrics = run_rollouts(questions, engine, protocol, sandbox, cfg.rollout, seed=seed,
+                                    max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
+        scores = score_batch([(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got],
+                             cfg.reward, verifier)  # fmt: skip
+        rounds.append(rollout_batch(got, torch.tensor([s.reward for s in scores]), scores, metrics))
         if not t.dynamic_sampling:
             break
-        rewards = torch.tensor([s.reward for s in scores])
-        keep = ~degenerate_groups(rewards, group_ids(trajectories))
-        if all_reduce_sum(int(keep.sum())) // cfg.rollout.group_size >= t.questions_per_step:
+        so_far = Batch.concat(rounds)
+        varied = ~degenerate_groups(so_far.tensors["reward"], group_ids(so_far.objects["trajectory"]))
+        if all_reduce_sum(int(varied.sum())) // cfg.rollout.group_size >= t.questions_per_step:
             break
-    rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
-    return trajectories, rewards, scores, rollout_metrics, cursor
+    batch = Batch.concat(rounds)
+    batch.meta["metrics"] = _merge_round_metrics(rounds)
+    return batch, cursor
+
+
+def _merge_round_metrics(rounds: list[Batch]) -> dict[str, float]:
+    """Rollout metrics of all sampling rounds: times (`*_s`) summed, throughput recomputed, the rest
+    (per-trajectory means and rates) weighted by each round's trajectories."""
+    if len(rounds) == 1:
+        return dict(rounds[0].meta["metrics"])
+    total = max(1, sum(len(r) for r in rounds))
+    keys = dict.fromkeys(k for r in rounds for k in r.meta["metrics"])
+    merged: dict[str, float] = {}
+    for key in keys:
+        values = [(len(r), r.meta["metrics"].get(key, 0.0)) for r in rounds]
+        if key.endswith("_per_s"):
+            continue
+        merged[key] = (
+            sum(v for _, v in values) if key.endswith("_s") else sum(n * v for n, v in values) / total
+        )
+    if "rollout/gen_tokens_per_s" in keys:  # tokens / seconds over all rounds
+        tokens = sum(r.meta["metrics"]["rollout/gen_tokens_per_s"] * r.meta["metrics"]["rollout/generate_s"]
+                     for r in rounds)  # fmt: skip
+        seconds = merged["rollout/generate_s"]
+        merged["rollout/gen_tokens_per_s"] = tokens / seconds if seconds else 0.0
+    return merged
 
 
 def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
@@ -66,31 +99,31 @@ def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
     return torch.tensor([index.setdefault(x.example.id, len(index)) for x in trajectories])
 
 
-def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], rewards: torch.Tensor, optimizer: Any,
-           scheduler: Any, pad_id: int, ref_model: Any = None) -> dict[str, float]:  # fmt: skip
-    """Policy-gradient updates on one rollout batch; returns loss statistics."""
+def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, scheduler: Any, pad_id: int,
+           ref_model: Any = None) -> dict[str, float]:  # fmt: skip
+    """Policy-gradient updates on one rollout batch (`rollout_batch`); returns loss statistics."""
     t = cfg.trainer
     device = next(model.parameters()).device
+    trajectories, rewards = batch.objects["trajectory"], batch.tensors["reward"]
     groups = group_ids(trajectories)
     advantages = group_advantages(rewards, groups, t.advantage.value)  # (N,)
-    degenerate = degenerate_groups(rewards, groups)
-    keep = [i for i in range(len(trajectories)) if not (t.dynamic_sampling and degenerate[i])]
-    masks = [
-        [0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask
-        for x in trajectories
-    ]
-    sequences = [x.token_ids for x in trajectories]
-    prompt_lens = [len(x.prompt_ids) for x in trajectories]
+    degenerate = degenerate_groups(rewards, groups)  # (N,)
+    masks = [[0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask
+             for x in trajectories]  # fmt: skip
     # The sampling logprobs are the engine's; the trainer recomputes them so that ratios compare like with like.
     # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
     # as the old ones and the extra forward pass is skipped (as TRL does with num_iterations=1).
     on_policy = t.epochs_per_batch == 1 and t.mini_batches == 1
+    sequences = [x.token_ids for x in trajectories]
 
     def all_logprobs(m: Any) -> list[torch.Tensor]:
         return _all_logprobs(m, sequences, pad_id, device, t.micro_batch_tokens, t.bf16_autocast)
 
-    old = None if on_policy else all_logprobs(model)
-    ref = all_logprobs(ref_model) if ref_model else None
+    extra = {} if on_policy else {"old_logprobs": all_logprobs(model)}
+    if ref_model is not None:
+        extra["ref_logprobs"] = all_logprobs(ref_model)
+    batch = batch.union(Batch({"advantage": advantages}, {"mask": masks, **extra}))
+    batch = batch.index([i for i in range(len(batch)) if not (t.dynamic_sampling and degenerate[i])])
     stats: dict[str, list[float]] = {
         "loss": [],
         "clip_fraction": [],
@@ -98,54 +131,35 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
         "grad_norm": [],
         "kl_ref": [],
     }
-    max_tokens = cfg.rollout.max_response_tokens
     for _epoch in range(t.epochs_per_batch):
-        for mini in _split(keep, t.mini_batches):
+        for mini in _split(batch, t.mini_batches):
             # With several processes each holds its share of the batch: the loss is normalised by the tokens
             # and sequences of all of them, and gradients are summed, so N processes match one.
-            tokens = all_reduce_sum(sum(sum(masks[i]) for i in mini))
+            tokens = all_reduce_sum(sum(sum(mask) for mask in mini.objects["mask"]))
             mini_size = all_reduce_sum(len(mini))
             if tokens == 0:
                 continue
             total = 0.0
-            groups = _equalized(micro_batches([len(sequences[i]) for i in mini], t.micro_batch_tokens), model)
-            for group in groups:
+            lengths = [len(x.token_ids) for x in mini.objects["trajectory"]]
+            for group in _equalized(micro_batches(lengths, t.micro_batch_tokens), model):
                 if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
                     logp, _ = sequence_logprobs(
                         model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast
                     )
                     (logp.sum() * 0.0).backward()
                     continue
-                chosen = [mini[j] for j in group]
-                logp, _ = sequence_logprobs(model, [sequences[i] for i in chosen], pad_id, device,
-                                            bf16_autocast=t.bf16_autocast)  # (B, L-1)  # fmt: skip
-                width = logp.shape[1]
-                mask = response_mask_matrix(
-                    [prompt_lens[i] for i in chosen], [masks[i] for i in chosen], width, device
+                loss, loss_stats, kl_term = _micro_loss(
+                    cfg, model, mini.index(group), pad_id, tokens, mini_size
                 )
-                old_logp = logp.detach() if old is None else _stack([old[i] for i in chosen], width, device)
-                loss, ls = policy_loss(
-                    logp, old_logp, advantages[chosen].to(device), mask, clip_low=t.clip_low, clip_high=t.clip_high,
-                    aggregation=t.loss_agg.value, dual_clip=t.dual_clip, max_tokens=max_tokens,
-                    loss_scale_tokens=float(tokens),
-                )  # fmt: skip
-                if (
-                    t.loss_agg.value != "token_mean"
-                ):  # per-sequence means: weight micro-batches by their share
-                    loss = loss * len(chosen) / mini_size
-                if ref is not None and t.kl_coef > 0:
-                    kl = kl_penalty(logp, _stack([ref[i] for i in chosen], width, device), t.kl_estimator)
-                    kl_term = (kl * mask).sum() / tokens
-                    loss = loss + t.kl_coef * kl_term
-                    stats["kl_ref"].append(float(kl_term))
                 loss.backward()
                 total += float(loss.detach())
-                stats["clip_fraction"].append(ls.clip_fraction)
-                stats["approx_kl"].append(ls.approx_kl)
+                stats["clip_fraction"].append(loss_stats.clip_fraction)
+                stats["approx_kl"].append(loss_stats.approx_kl)
+                if kl_term is not None:
+                    stats["kl_ref"].append(kl_term)
             all_reduce_gradients(model)
-            stats["grad_norm"].append(
-                grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
-            )
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            stats["grad_norm"].append(grad_norm(norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats["loss"].append(total)
@@ -156,6 +170,35 @@ def update(cfg: RetoolConfig, model: Any, trajectories: list[Trajectory], reward
     out["train/advantage_abs"] = float(advantages.abs().mean())
     out["train/lr"] = scheduler.get_last_lr()[0]
     return out
+
+
+def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens: float,
+                mini_size: float) -> tuple[torch.Tensor, Any, float | None]:  # fmt: skip
+    """The loss of one micro-batch, scaled so that the micro-batches (and processes) of a mini-batch add up to
+    its loss; its policy-loss statistics; the KL-to-reference term when there is one."""
+    t = cfg.trainer
+    device = next(model.parameters()).device
+    trajectories = micro.objects["trajectory"]
+    logp, _ = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
+                                bf16_autocast=t.bf16_autocast)  # (B, L-1)  # fmt: skip
+    width = logp.shape[1]
+    mask = response_mask_matrix(
+        [len(x.prompt_ids) for x in trajectories], micro.objects["mask"], width, device
+    )
+    old = micro.objects.get("old_logprobs")
+    old_logp = logp.detach() if old is None else _stack(old, width, device)
+    loss, loss_stats = policy_loss(
+        logp, old_logp, micro.tensors["advantage"].to(device), mask, clip_low=t.clip_low, clip_high=t.clip_high,
+        aggregation=t.loss_agg.value, dual_clip=t.dual_clip, max_tokens=cfg.rollout.max_response_tokens,
+        loss_scale_tokens=float(tokens),
+    )  # fmt: skip
+    if t.loss_agg.value != "token_mean":  # per-sequence means: weight micro-batches by their share
+        loss = loss * len(micro) / mini_size
+    if "ref_logprobs" not in micro.objects or t.kl_coef <= 0:
+        return loss, loss_stats, None
+    kl = kl_penalty(logp, _stack(micro.objects["ref_logprobs"], width, device), t.kl_estimator)
+    kl_term = (kl * mask).sum() / tokens
+    return loss + t.kl_coef * kl_term, loss_stats, float(kl_term)
 
 
 @torch.no_grad()
@@ -178,11 +221,11 @@ def _stack(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.
     return out
 
 
-def _split(indices: list[int], parts: int) -> list[list[int]]:
-    """Exactly `parts` contiguous, nearly equal slices (some may be empty): every process runs as many
-    mini-batches as the others, whatever its share of the batch."""
-    bounds = [len(indices) * k // parts for k in range(parts + 1)]
-    return [indices[bounds[k] : bounds[k + 1]] for k in range(parts)]
+def _split(batch: Batch, parts: int) -> list[Batch]:
+    """Exactly `parts` contiguous, nearly equal mini-batches (some may be empty): every process runs as many
+    mini-batches as the others, whatever its share of the samples."""
+    bounds = [len(batch) * k // parts for k in range(parts + 1)]
+    return [batch.index(list(range(bounds[k], bounds[k + 1]))) for k in range(parts)]
 
 
 def _equalized(groups: list[list[int]], model: Any) -> list[list[int]]:
@@ -192,9 +235,10 @@ def _equalized(groups: list[list[int]], model: Any) -> list[list[int]]:
     return groups + [[] for _ in range(equal_count(len(groups)) - len(groups))]
 
 
-def step_metrics(trajectories: list[Trajectory], scores: list, rollout_metrics: dict, timings: dict) -> dict:
+def step_metrics(batch: Batch, timings: dict) -> dict:
+    trajectories, scores = batch.objects["trajectory"], batch.objects["score"]
     n = max(1, len(trajectories))
-    out = {**reward_metrics(scores), **rollout_metrics}
+    out = {**reward_metrics(scores), **batch.meta["metrics"]}
     out["train/accuracy"] = out["reward/correct"]
     out["train/solved_with_code"] = (
         sum(s.correct and len(x.code_calls) > 0 for x, s in zip(trajectories, scores, strict=True)) / n

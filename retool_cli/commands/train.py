@@ -150,23 +150,12 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
             with timer("rollout_s"), full_weights(model):
-                trajectories, rewards, scores, rollout_metrics, cursor = collect(
-                    config, examples, cursor, step, engine, protocol, sandbox, verifier
-                )
+                batch, cursor = collect(config, examples, cursor, step, engine, protocol, sandbox, verifier)
             with timer("update_s"):
-                stats = update(
-                    config,
-                    model,
-                    trajectories,
-                    rewards,
-                    optimizer,
-                    scheduler,
-                    tokenizer.pad_token_id,
-                    ref_model,
-                )
+                stats = update(config, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
             # vLLM, or an hf engine generating in another dtype, holds its own copy of the weights
             engine.update_weights(model)
-            row = {"step": step, **step_metrics(trajectories, scores, rollout_metrics, timer.times), **stats}
+            row = {"step": step, **step_metrics(batch, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with full_weights(model):
                     row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data import MathExample
 from retool_cli.distributed import full_state, shard
-from retool_cli.rl import update
+from retool_cli.rl import rollout_batch, update
 from retool_cli.rollout.agent import Trajectory
 from retool_cli.tiny import tiny_model_path
 from retool_cli.trainer import build_scheduler
@@ -54,15 +54,8 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     cfg.trainer.loss_agg, cfg.trainer.grad_clip, cfg.trainer.micro_batch_tokens = LossAgg(loss_agg), 1e9, 96
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient itself
     scheduler = build_scheduler(optimizer, 0, 1, "constant")
-    stats = update(
-        cfg,
-        model,
-        [trajectories[i] for i in mine],
-        rewards[mine],
-        optimizer,
-        scheduler,
-        tokenizer.pad_token_id,
-    )
+    mine_batch = rollout_batch([trajectories[i] for i in mine], rewards[mine])
+    stats = update(cfg, model, mine_batch, optimizer, scheduler, tokenizer.pad_token_id)
     weights, _ = full_state(model, optimizer)  # FSDP2: gathered on rank 0 (a collective)
     if rank == 0:
         torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)

@@ -1,0 +1,78 @@
+"""rl.py: the step's Batch envelope, DAPO dynamic sampling over several rounds, and the update on it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from retool_cli.config import ProtocolConfig, ProtocolName, RetoolConfig
+from retool_cli.data import MathExample
+from retool_cli.protocol import build_protocol
+from retool_cli.reward import Verifier
+from retool_cli.rl import collect, step_metrics, update
+from retool_cli.tiny import tiny_model_path
+from retool_cli.trainer import build_optimizer, build_scheduler
+from tests.scripted import ScriptedEngine
+
+EOS = "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(tiny_model_path())
+
+
+def config(dynamic: bool) -> RetoolConfig:
+    cfg = RetoolConfig()
+    cfg.trainer.questions_per_step, cfg.trainer.dynamic_sampling, cfg.trainer.max_sampling_rounds = (
+        2,
+        dynamic,
+        3,
+    )
+    cfg.rollout.group_size, cfg.rollout.max_response_tokens, cfg.rollout.max_tokens_per_turn = 4, 64, 64
+    cfg.protocol = ProtocolConfig(name=ProtocolName.none)
+    return cfg
+
+
+def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(tokenizer) -> None:
+    """Round 1: every sample right (all groups degenerate). Round 2: alternately right and wrong (every group
+    varied). With dynamic sampling, collect stops after round 2 with both rounds in one Batch, the rollout
+    metrics of both merged, and the update trains on round 2's groups only."""
+    examples = [MathExample(f"q{i}", f"What is {i} + 1?", str(i + 1), "test") for i in range(8)]
+    calls = itertools.count()
+
+    def script(context: str, turn: int) -> str:
+        call = next(calls)
+        question = int(context.split("What is ")[1].split(" ")[0])
+        right = call < 8 or call % 2 == 0  # the first 8 calls are round 1 (2 questions x 4 samples)
+        return f"\\boxed{{{question + 1 if right else question + 7}}}" + EOS
+
+    cfg = config(dynamic=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    protocol = build_protocol(cfg.protocol, tokenizer)
+    with Verifier(timeout_s=5, workers=1) as verifier:
+        batch, cursor = collect(
+            cfg, examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, None, verifier
+        )
+    assert cursor == 4 and len(batch) == 16  # two rounds of 2 questions x 4 samples
+    assert batch.tensors["reward"][:8].tolist() == [1.0] * 8
+    assert sorted(batch.tensors["reward"][8:].tolist()) == [-1.0] * 4 + [1.0] * 4
+    metrics = step_metrics(batch, {})
+    assert metrics["train/accuracy"] == pytest.approx(12 / 16) and metrics["rollout/turns"] == 1.0
+
+    optimizer = build_optimizer(model, 1e-3, 0.0)
+    stats = update(
+        cfg, model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), tokenizer.pad_token_id
+    )
+    assert stats["train/degenerate_group_rate"] == 0.5 and stats["train/optimizer_steps"] == 1.0
+    assert stats["train/grad_norm"] > 0
+
+    # without dynamic sampling: one round, whatever its groups
+    calls = itertools.count()
+    with Verifier(timeout_s=5, workers=1) as verifier:
+        once, cursor = collect(config(dynamic=False), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol,
+                               None, verifier)  # fmt: skip
+    assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
