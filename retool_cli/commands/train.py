@@ -157,9 +157,10 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             engine.update_weights(model)
             row = {"step": step, **step_metrics(batch, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
-                with full_weights(model):
-                    row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
-                                             engine, protocol, sandbox, verifier))  # fmt: skip
+                with full_weights(model):  # a collective under FSDP2; then rank 0 alone evaluates and writes
+                    if rank == 0:
+                        row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
+                                                 engine, protocol, sandbox, verifier))  # fmt: skip
             if rank == 0:
                 metrics.write(row)
             progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "

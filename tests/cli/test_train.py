@@ -88,11 +88,15 @@ def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
 
 
 def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
-    """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it."""
+    """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it (metrics,
+    checkpoints, the periodic eval)."""
     run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.nproc=2", f"trainer.init_from={sft_run}",
-               "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+               "trainer.eval_every=2", "trainer.eval_problems=3", "benchmark.n_samples=2",
+               "benchmark.max_response_tokens=48", "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
     rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
+    assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0  # the periodic eval runs on rank 0 only: 3 x 2 samples
+    assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
     assert (tmp_path / "run" / "final.txt").exists()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
