@@ -109,9 +109,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"unknown KL estimator {kind!r} (k1, k3)")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """(N, T, V) -> (N, T) entropy of the softmax."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(N, T, V) -> (N, T) entropy of the (temperature-scaled) softmax."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -131,6 +131,7 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
         "grad_norm": [],
         "kl_ref": [],
     }
+    entropy_sum = entropy_tokens = 0.0  # over this process's model tokens
     for _epoch in range(t.epochs_per_batch):
         for mini in _split(batch, t.mini_batches):
             # With several processes each holds its share of the batch: the loss is normalised by the tokens
@@ -143,20 +144,20 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
             lengths = [len(x.token_ids) for x in mini.objects["trajectory"]]
             for group in _equalized(micro_batches(lengths, t.micro_batch_tokens), model):
                 if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
-                    logp, _ = sequence_logprobs(
+                    logp, _, _ = sequence_logprobs(
                         model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast
                     )
                     (logp.sum() * 0.0).backward()
                     continue
-                loss, loss_stats, kl_term = _micro_loss(
-                    cfg, model, mini.index(group), pad_id, tokens, mini_size
-                )
+                loss, loss_stats, sums = _micro_loss(cfg, model, mini.index(group), pad_id, tokens, mini_size)
                 loss.backward()
                 total += float(loss.detach())
                 stats["clip_fraction"].append(loss_stats.clip_fraction)
                 stats["approx_kl"].append(loss_stats.approx_kl)
-                if kl_term is not None:
-                    stats["kl_ref"].append(kl_term)
+                entropy_sum += sums["entropy_sum"]
+                entropy_tokens += sums["entropy_tokens"]
+                if "kl_ref" in sums:
+                    stats["kl_ref"].append(sums["kl_ref"])
             all_reduce_gradients(model)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             stats["grad_norm"].append(grad_norm(norm))
@@ -165,6 +166,7 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
             stats["loss"].append(total)
     scheduler.step()
     out = {f"train/{k}": sum(v) / len(v) if v else 0.0 for k, v in stats.items() if v or k != "kl_ref"}
+    out["train/entropy"] = entropy_sum / entropy_tokens if entropy_tokens else 0.0
     out["train/optimizer_steps"] = float(len(stats["loss"]))  # 0 when every token was masked (all truncated)
     out["train/degenerate_group_rate"] = float(degenerate.float().mean())
     out["train/advantage_abs"] = float(advantages.abs().mean())
@@ -173,14 +175,16 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
 
 
 def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens: float,
-                mini_size: float) -> tuple[torch.Tensor, Any, float | None]:  # fmt: skip
+                mini_size: float) -> tuple[torch.Tensor, Any, dict[str, float]]:  # fmt: skip
     """The loss of one micro-batch, scaled so that the micro-batches (and processes) of a mini-batch add up to
-    its loss; its policy-loss statistics; the KL-to-reference term when there is one."""
+    its loss; its policy-loss statistics; sums for the step's metrics (entropy over the model's tokens, and
+    the KL-to-reference term when there is one)."""
     t = cfg.trainer
     device = next(model.parameters()).device
     trajectories = micro.objects["trajectory"]
-    logp, _ = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
-                                bf16_autocast=t.bf16_autocast)  # (B, L-1)  # fmt: skip
+    logp, _, entropy = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
+                                         bf16_autocast=t.bf16_autocast,
+                                         entropy="loss" if t.entropy_coef > 0 else "metric")  # (B, L-1)  # fmt: skip
     width = logp.shape[1]
     mask = response_mask_matrix(
         [len(x.prompt_ids) for x in trajectories], micro.objects["mask"], width, device
@@ -194,11 +198,16 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
     )  # fmt: skip
     if t.loss_agg.value != "token_mean":  # per-sequence means: weight micro-batches by their share
         loss = loss * len(micro) / mini_size
-    if "ref_logprobs" not in micro.objects or t.kl_coef <= 0:
-        return loss, loss_stats, None
-    kl = kl_penalty(logp, _stack(micro.objects["ref_logprobs"], width, device), t.kl_estimator)
-    kl_term = (kl * mask).sum() / tokens
-    return loss + t.kl_coef * kl_term, loss_stats, float(kl_term)
+    entropy_sum = (entropy * mask).sum()
+    sums = {"entropy_sum": float(entropy_sum.detach()), "entropy_tokens": float(mask.sum())}
+    if t.entropy_coef > 0:  # a bonus on the token-mean entropy of the model's tokens
+        loss = loss - t.entropy_coef * entropy_sum / tokens
+    if "ref_logprobs" in micro.objects and t.kl_coef > 0:
+        kl = kl_penalty(logp, _stack(micro.objects["ref_logprobs"], width, device), t.kl_estimator)
+        kl_term = (kl * mask).sum() / tokens
+        loss = loss + t.kl_coef * kl_term
+        sums["kl_ref"] = float(kl_term.detach())
+    return loss, loss_stats, sums
 
 
 @torch.no_grad()
@@ -208,7 +217,7 @@ def _all_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: t
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
-        logp, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast)
+        logp, _, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast)
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out

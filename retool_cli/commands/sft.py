@@ -57,7 +57,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         loss_sum = 0.0
         for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
             chosen = [batch[i] for i in group]
-            logp, _ = sequence_logprobs(model, [t.input_ids for t in chosen], tokenizer.pad_token_id, device,
+            logp, _, _ = sequence_logprobs(model, [t.input_ids for t in chosen], tokenizer.pad_token_id, device,
                                         bf16_autocast=config.trainer.bf16_autocast)  # fmt: skip
             mask = response_mask_matrix([len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen],
                                         logp.shape[1], device)  # fmt: skip

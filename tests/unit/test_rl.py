@@ -76,3 +76,45 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
         once, cursor = collect(config(dynamic=False), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol,
                                None, verifier)  # fmt: skip
     assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
+
+
+def test_entropy_metric_and_bonus(tokenizer) -> None:
+    """train/entropy is the token-weighted mean entropy over the model's tokens (tool tokens excluded); with
+    equal rewards (zero advantages) only trainer.entropy_coef moves the weights, and it raises the entropy."""
+    from retool_cli.algorithms import entropy_from_logits
+    from retool_cli.rl import rollout_batch
+    from retool_cli.rollout.agent import Trajectory
+
+    torch.manual_seed(0)
+    prompt = tokenizer.encode("What is 3 * 7?")
+    trajectories = []
+    for j in range(4):
+        response = torch.randint(10, 200, (12 + j,)).tolist()
+        mask = [0 if 3 <= k < 6 else 1 for k in range(len(response))]  # a tool segment
+        trajectories.append(Trajectory(MathExample("q0", "x", "21", "t"), j, prompt, response, mask))
+
+    def step(coef: float) -> tuple[dict, AutoModelForCausalLM]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        cfg = config(dynamic=False)
+        cfg.trainer.entropy_coef, cfg.trainer.grad_clip = coef, 1e9
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        batch = rollout_batch(trajectories, torch.ones(4))  # equal rewards: every advantage is 0
+        stats = update(cfg, model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
+        return stats, model
+
+    def mean_entropy(model) -> float:
+        total = count = 0.0
+        with torch.no_grad():
+            for x in trajectories:
+                logits = model(torch.tensor([x.token_ids])).logits[0, len(prompt) - 1 : -1]
+                entropy = entropy_from_logits(logits)
+                mask = torch.tensor(x.response_mask, dtype=torch.float32)
+                total, count = total + float((entropy * mask).sum()), count + float(mask.sum())
+        return total / count
+
+    before = mean_entropy(AutoModelForCausalLM.from_pretrained(tiny_model_path()))
+    plain, unchanged = step(0.0)
+    assert plain["train/entropy"] == pytest.approx(before, rel=1e-5)
+    assert mean_entropy(unchanged) == pytest.approx(before, rel=1e-6)  # zero advantages: nothing to learn
+    bonus, changed = step(0.5)
+    assert bonus["train/grad_norm"] > 0 and mean_entropy(changed) > before

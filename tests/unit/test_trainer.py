@@ -14,8 +14,8 @@ def test_bf16_autocast_logprobs_close_to_fp32_and_gradients_stay_fp32() -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     sequences = [torch.randint(0, 200, (n,)).tolist() for n in (12, 9, 5)]
     cpu = torch.device("cpu")
-    full, mask = sequence_logprobs(model, sequences, 0, cpu)
-    mixed, mask_mixed = sequence_logprobs(model, sequences, 0, cpu, bf16_autocast=True)
+    full, mask, _ = sequence_logprobs(model, sequences, 0, cpu)
+    mixed, mask_mixed, _ = sequence_logprobs(model, sequences, 0, cpu, bf16_autocast=True)
     assert torch.equal(mask, mask_mixed) and mixed.dtype == torch.float32
     valid = mask.bool()
     assert not torch.equal(full[valid], mixed[valid])  # the matmuls really ran in bf16...
@@ -53,7 +53,7 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     optimizer = build_optimizer(policy, 1e-2, 0.0)
     ids = [torch.randint(0, 200, (10,)).tolist() for _ in range(3)]
     for _ in range(3):
-        logp, mask = sequence_logprobs(policy, ids, 0, torch.device("cpu"))
+        logp, mask, _ = sequence_logprobs(policy, ids, 0, torch.device("cpu"))
         (-(logp * mask).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
