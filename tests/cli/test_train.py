@@ -20,7 +20,13 @@ TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=2
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
 TRAIN = [*TINY, "trainer.total_steps=4", "trainer.save_every=1", "trainer.questions_per_step=2",
          "rollout.group_size=4", "rollout.max_response_tokens=64", "rollout.max_tokens_per_turn=48"]  # fmt: skip
-TIMING = ("time/", "rollout/generate_s", "rollout/wait_tools_s", "rollout/gen_tokens_per_s")
+TIMING = (
+    "time/",
+    "rollout/generate_s",
+    "rollout/wait_tools_s",
+    "rollout/gen_tokens_per_s",
+    "rollout/reward_s",
+)
 
 
 @pytest.fixture(scope="module")
