@@ -66,7 +66,9 @@ def format_result(result: Any, tokenizer: Any, max_tokens: int) -> str:
     if getattr(result, "infra_error", False):
         text = "Error: the interpreter failed to run this code (sandbox failure). Try again."
     elif result.status == "timeout":
-        text = (result.stdout + "\n" if result.stdout else "") + f"TimeoutError: stopped ({result.reason})."
+        # Which clock stopped it (CPU or wall) and how much it printed before depend on the machine's load, so
+        # neither reaches the model: the same seed must give the same trajectories.
+        text = "TimeoutError: stopped (time limit exceeded)."
     elif result.status == "killed":
         text = (result.stdout + "\n" if result.stdout else "") + f"Killed: {result.reason}."
     elif result.status == "error":
