@@ -11,11 +11,19 @@ Collectives must be called by every process the same number of times: see `equal
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from retool_cli.errors import RetoolError
+
+log = logging.getLogger(__name__)
 
 
 def world() -> tuple[int, int]:
@@ -34,6 +42,19 @@ def init_distributed() -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     torch.distributed.init_process_group(backend)
     return world()
+
+
+def launch_processes(nproc: int, run_dir: Path) -> None:
+    """`trainer.nproc=N`: run this same `retool train` job as N torchrun processes sharing one run folder
+    (this job's overrides only, so a sweep job does not sweep again)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "retool_cli", "train", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    log.info("launching %d processes: %s", nproc, " ".join(command))
+    if subprocess.run(command).returncode != 0:
+        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
 
 
 def barrier() -> None:

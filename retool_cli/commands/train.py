@@ -7,8 +7,6 @@ import contextlib
 import copy
 import logging
 import random
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,15 @@ from rich.progress import Progress
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.distributed import barrier, full_state, full_weights, init_distributed, shard
-from retool_cli.errors import ConfigError, RetoolError
+from retool_cli.distributed import (
+    barrier,
+    full_state,
+    full_weights,
+    init_distributed,
+    launch_processes,
+    shard,
+)
+from retool_cli.errors import ConfigError
 from retool_cli.evaluation import (
     eval_rollout,
     resolve_checkpoint,
@@ -81,19 +86,6 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
             raise ConfigError(f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
                               f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm")  # fmt: skip
     return model, source
-
-
-def launch_processes(nproc: int, run_dir: Path) -> None:
-    """Run this same job as `nproc` torchrun processes sharing one run folder (this job's overrides only,
-    so a sweep job does not sweep again)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "retool_cli", "train", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
-    log.info("launching %d processes: %s", nproc, " ".join(command))
-    if subprocess.run(command).returncode != 0:
-        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
