@@ -76,3 +76,15 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     prompt, greedy = tokenizer.encode("What is 2+3?"), Sampling(temperature=0.0)
     assert (HFEngine(policy, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
             == HFEngine(plain, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids)  # fmt: skip
+
+
+def test_lora_target_modules_that_match_nothing_is_a_config_error() -> None:
+    import pytest
+
+    from retool_cli.config import ModelConfig
+    from retool_cli.errors import ConfigError
+    from retool_cli.modeling import load_policy
+
+    cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_target_modules=["no_such_proj"])
+    with pytest.raises(ConfigError, match=r"model.lora_target_modules=\['no_such_proj'\]"):
+        load_policy(cfg, str(tiny_model_path()))
