@@ -109,13 +109,16 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"unknown KL estimator {kind!r} (k1, k3)")
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(N, T, V) -> (N, T) entropy of the (temperature-scaled) softmax."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(target) per position: logits (N, T, V) predicting targets (N, T)."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, targets[..., None])[..., 0]
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   entropy: str = "off") -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """log p(target) per position, from logits (N, T, V) predicting targets (N, T); and, from the same
+    log-softmax, the policy's entropy per position (N, T): `entropy` = off (None) | loss (with gradient, for a
+    bonus) | metric (no gradient, in slices of positions, so no second (N, T, V) tensor is made)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, T, V)
+    picked = logp.gather(-1, targets[..., None])[..., 0]
+    if entropy == "loss":
+        return picked, -(logp.exp() * logp).sum(-1)
+    if entropy == "metric":
+        with torch.no_grad():
+            return picked, torch.cat([-(part.exp() * part).sum(-1) for part in logp.split(256, dim=1)], dim=1)
+    return picked, None

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from retool_cli.algorithms import entropy_from_logits, token_logprobs
+from retool_cli.algorithms import token_logprobs
 from retool_cli.distributed import load_optimizer_state
 from retool_cli.errors import ConfigError
 from retool_cli.modeling import is_lora, merged_state_dict
@@ -65,22 +65,15 @@ def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, devic
                       temperature: float = 1.0, bf16_autocast: bool = False,
                       entropy: str = "off") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
-    policy's entropy at each position (B, L-1): `entropy` = off (None) | metric (no gradient, computed in
-    slices of positions so that no second (B, L, V) tensor is held) | loss (with gradient, for a bonus).
+    policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
     With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
     is always taken in fp32."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
-    logp = token_logprobs(logits, ids[:, 1:], temperature)
-    if entropy == "loss":
-        return logp, attention[:, 1:], entropy_from_logits(logits, temperature)
-    if entropy == "metric":
-        with torch.no_grad():
-            slices = [entropy_from_logits(part, temperature) for part in logits.split(256, dim=1)]
-        return logp, attention[:, 1:], torch.cat(slices, dim=1)
-    return logp, attention[:, 1:], None
+    logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
+    return logp, attention[:, 1:], entropy_per_token
 
 
 def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]], width: int,

@@ -10,7 +10,6 @@ import torch
 from retool_cli.algorithms import (
     aggregate,
     degenerate_groups,
-    entropy_from_logits,
     group_advantages,
     kl_penalty,
     policy_loss,
@@ -94,8 +93,14 @@ def test_kl_entropy_logprobs() -> None:
     assert torch.allclose(kl_penalty(logp, ref, "k1"), torch.tensor([0.0, -0.5]))
     assert torch.allclose(kl_penalty(logp, ref, "k3"), torch.tensor([0.0, math.exp(0.5) - 1 - 0.5]))
     uniform = torch.zeros(1, 1, 4)
-    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(4))
-    assert token_logprobs(uniform, torch.tensor([[2]])).item() == pytest.approx(-math.log(4))
+    picked, entropy = token_logprobs(uniform, torch.tensor([[2]]), entropy="metric")
+    assert picked.item() == pytest.approx(-math.log(4)) and entropy.item() == pytest.approx(math.log(4))
+    logits = torch.randn(2, 600, 7, requires_grad=True)  # more positions than one metric slice (256)
+    targets = torch.randint(0, 7, (2, 600))
+    _, with_grad = token_logprobs(logits, targets, 0.7, entropy="loss")
+    _, sliced = token_logprobs(logits, targets, 0.7, entropy="metric")
+    assert with_grad.requires_grad and not sliced.requires_grad and torch.allclose(with_grad, sliced)
+    assert token_logprobs(logits, targets)[1] is None
 
 
 # ------------------------------------------------------------------ TRL parity
