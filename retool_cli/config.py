@@ -159,6 +159,8 @@ class RolloutConfig:
         for key in ("max_response_tokens", "max_turns", "max_tokens_per_turn", "max_tool_result_tokens"):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
+        dtypes = ("auto", "float32", "bfloat16", "float16")
+        _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
         _check(
             0 <= self.max_sandbox_infra_error_rate <= 1,
             "rollout.max_sandbox_infra_error_rate",
@@ -498,6 +500,11 @@ class RetoolConfig:
     shard: ShardConfig = field(default_factory=ShardConfig)
     # a training checkpoint folder, or a training run folder (its latest checkpoint); overrides model.name_or_path
     ckpt: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(not (self.trainer.fsdp and (self.model.lora_rank or self.rollout.dtype != "auto")), "trainer.fsdp",
+               "LoRA (model.lora_rank) and rollout.dtype are not supported with FSDP2 yet; use data parallel "
+               "(trainer.fsdp=false) for them")  # fmt: skip
 
 
 def register_configs() -> None:

@@ -140,6 +140,12 @@ def full_weights(model: Any) -> Iterator[None]:
             unit.reshard()
 
 
+def gathered_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The model's state dict with every sharded (DTensor) entry all-gathered, on every process (a vLLM engine
+    per rank loads whole tensors). A collective under FSDP2; the plain state dict otherwise."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+
+
 def grad_norm(norm: torch.Tensor) -> float:
     """clip_grad_norm_'s result as a float (a DTensor under FSDP2)."""
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

@@ -54,13 +54,13 @@ def load_model(cfg: ModelConfig) -> Any:
     return model.to(device)
 
 
-def load_policy(cfg: ModelConfig, source: str, gradient_checkpointing: bool = False,
+def load_policy(cfg: ModelConfig, source: str | None = None, gradient_checkpointing: bool = False,
                 adapter: Path | None = None) -> Any:  # fmt: skip
-    """The policy to train, in train mode: weights from `source`, optional gradient checkpointing, and LoRA
-    adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
+    """The policy to train, in train mode: weights from `source` (default: `cfg.name_or_path`), optional
+    gradient checkpointing, and LoRA adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
     from dataclasses import replace
 
-    model = load_model(replace(cfg, name_or_path=source))
+    model = load_model(replace(cfg, name_or_path=source or cfg.name_or_path))
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if cfg.lora_rank:  # frozen embeddings: make their output require grad so checkpointed blocks backprop

@@ -35,7 +35,7 @@ from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_log
 def rollout_batch(trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None,
                   metrics: dict | None = None) -> Batch:  # fmt: skip
     """The envelope of a rollout round for the update: per sample its trajectory (and reward score) and its
-    reward (N,); the round's rollout metrics in meta (concatenated rounds keep every round's values)."""
+    reward (N,); the round's rollout metrics in meta."""
     objects: dict[str, list] = {"trajectory": trajectories}
     if scores is not None:
         objects["score"] = scores
@@ -81,9 +81,9 @@ def _merge_round_metrics(rounds: list[Batch]) -> dict[str, float]:
     keys = dict.fromkeys(k for r in rounds for k in r.meta["metrics"])
     merged: dict[str, float] = {}
     for key in keys:
-        values = [(len(r), r.meta["metrics"].get(key, 0.0)) for r in rounds]
-        if key.endswith("_per_s"):
+        if key.endswith("_per_s"):  # a rate: recomputed below
             continue
+        values = [(len(r), r.meta["metrics"].get(key, 0.0)) for r in rounds]
         merged[key] = (
             sum(v for _, v in values) if key.endswith("_s") else sum(n * v for n, v in values) / total
         )

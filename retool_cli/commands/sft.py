@@ -32,7 +32,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.sft
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_policy(config.model, config.model.name_or_path, config.trainer.gradient_checkpointing)
+    model = load_policy(config.model, gradient_checkpointing=config.trainer.gradient_checkpointing)
     device = next(model.parameters()).device
     protocol = build_protocol(config.protocol, tokenizer)
     if cfg.traces_file:

@@ -78,13 +78,9 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     source = str(checkpoint) if checkpoint and not lora else initial
     adapter = checkpoint / "adapter" if checkpoint and lora else None
     model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
-    if sharded:  # what FSDP2 sharding is built and tested with
-        if lora or config.rollout.dtype != "auto":
-            raise ConfigError("trainer.fsdp=true: LoRA (model.lora_rank) and rollout.dtype are not supported "
-                              "with FSDP2 yet; use data parallel (trainer.fsdp=false) for them")  # fmt: skip
-        if config.rollout.engine is Engine.hf and not supports(model):
-            raise ConfigError(f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
-                              f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm")  # fmt: skip
+    if sharded and config.rollout.engine is Engine.hf and not supports(model):
+        raise ConfigError(f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
+                          f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm")  # fmt: skip
     return model, source
 
 

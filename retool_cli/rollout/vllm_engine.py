@@ -68,10 +68,11 @@ class VLLMEngine:
 
     def update_weights(self, policy: Any) -> None:
         """After an optimizer step: copy the trainer's weights into the engine, without a restart (a LoRA
-        policy's adapters merged in, under the base model's names)."""
+        policy's adapters merged in, under the base model's names; an FSDP2 policy's shards gathered)."""
+        from retool_cli.distributed import gathered_state_dict
         from retool_cli.modeling import is_lora, merged_state_dict
 
-        state_dict = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
+        state_dict = merged_state_dict(policy) if is_lora(policy) else gathered_state_dict(policy)
         self.llm.collective_rpc("load_named_tensors", args=(list(state_dict.items()),))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 

@@ -98,3 +98,17 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         "a=1",
         "hydra/launcher=joblib",
     ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.fsdp=true", "model.lora_rank=4"], "trainer.fsdp: LoRA"),
+        (["trainer.fsdp=true", "rollout.dtype=bfloat16"], "trainer.fsdp: LoRA"),
+        (["rollout.dtype=fp8"], "rollout.dtype: 'fp8' is not one of auto"),
+        (["model.lora_rank=-1"], "model.lora_rank: must be >= 0"),
+    ],
+)
+def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        composed("train", overrides)

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data import MathExample
-from retool_cli.distributed import full_state, shard
+from retool_cli.distributed import full_state, gathered_state_dict, shard
 from retool_cli.rl import rollout_batch, update
 from retool_cli.rollout.agent import Trajectory
 from retool_cli.tiny import tiny_model_path
@@ -57,6 +57,10 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     mine_batch = rollout_batch([trajectories[i] for i in mine], rewards[mine])
     stats = update(cfg, model, mine_batch, optimizer, scheduler, tokenizer.pad_token_id)
     weights, _ = full_state(model, optimizer)  # FSDP2: gathered on rank 0 (a collective)
+    gathered = gathered_state_dict(model)  # what a vLLM engine per rank gets: whole tensors on every rank
+    assert all(not hasattr(v, "full_tensor") for v in gathered.values())
+    if rank == 0 and weights:
+        assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
         torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)
     if world > 1:

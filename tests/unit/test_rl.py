@@ -118,3 +118,21 @@ def test_entropy_metric_and_bonus(tokenizer) -> None:
     assert mean_entropy(unchanged) == pytest.approx(before, rel=1e-6)  # zero advantages: nothing to learn
     bonus, changed = step(0.5)
     assert bonus["train/grad_norm"] > 0 and mean_entropy(changed) > before
+
+
+def test_rollout_metrics_of_several_rounds_merge() -> None:
+    """Times add up, per-trajectory means are weighted by each round's trajectories, throughput is tokens over
+    all generation time."""
+    from retool_cli.rl import _merge_round_metrics, rollout_batch
+    from retool_cli.rollout.agent import Trajectory
+
+    def round_of(n: int, metrics: dict) -> object:
+        trajectories = [Trajectory(MathExample("q", "x", "1", "t"), i, [1], [2], [1]) for i in range(n)]
+        return rollout_batch(trajectories, torch.zeros(n), metrics=metrics)
+
+    first = {"rollout/generate_s": 2.0, "rollout/gen_tokens_per_s": 100.0, "rollout/turns": 1.0}
+    second = {"rollout/generate_s": 6.0, "rollout/gen_tokens_per_s": 50.0, "rollout/turns": 2.0}
+    merged = _merge_round_metrics([round_of(8, first), round_of(24, second)])
+    assert merged["rollout/generate_s"] == 8.0
+    assert merged["rollout/gen_tokens_per_s"] == pytest.approx((200 + 300) / 8)
+    assert merged["rollout/turns"] == pytest.approx((8 * 1 + 24 * 2) / 32)
