@@ -2,8 +2,8 @@
 many samples of few prompts (GRPO groups), on CPU or CUDA.
 
 Why not `model.generate`: identical prompts of a group are prefilled once and their cache rows copied,
-finished rows leave the batch (their cache rows are dropped), and there is no logits-processor
-machinery per step. Per-row stop strings, EOS, budgets, temperature / top-p / top-k sampling, the
+finished rows leave the batch (their cache rows are dropped), there is no logits-processor machinery
+per step, and a token costs one uniform draw instead of one per vocabulary entry. Per-row stop strings, EOS, budgets, temperature / top-p / top-k sampling, the
 sampled tokens' logprobs, and a seeded generator (same seed, same tokens on CPU).
 """
 
@@ -93,13 +93,15 @@ class HFEngine:
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
-        active = list(range(n))  # batch row -> request index
-        while active:
+        active = list(range(n))  # batch row -> request index; -1 once the row's request is finished
+        live = n
+        while True:
             next_ids, next_logps = _sample(logits, sampling, generator)  # (B,), (B,)
-            keep = []
             for row, (request, token, logp) in enumerate(
                 zip(active, next_ids.tolist(), next_logps.tolist(), strict=True)
             ):
+                if request < 0:
+                    continue
                 tokens[request].append(token)
                 logps[request].append(logp)
                 if token in self.eos_ids:
@@ -107,14 +109,19 @@ class HFEngine:
                 elif stopper.hit(tokens[request]):
                     finish[request] = "stop"
                 elif len(tokens[request]) < max_new_tokens[request]:
-                    keep.append(row)
-            if not keep:
+                    continue
+                active[row], live = -1, live - 1
+            if live == 0:
                 break
-            if len(keep) < len(active):  # finished rows leave the batch and the cache
-                index = torch.tensor(keep, device=device)
+            # Finished rows leave the batch and the cache once they are a quarter of it: a few idle rows
+            # cost less than copying every layer's cache at each finish.
+            if (len(active) - live) * 4 >= len(active):
+                index = torch.tensor(
+                    [row for row, request in enumerate(active) if request >= 0], device=device
+                )
                 decoder.select(index)
                 next_ids, positions = next_ids[index], positions[index]
-                active = [active[row] for row in keep]
+                active = [request for request in active if request >= 0]
             positions = positions + 1
             logits = decoder.step(next_ids, positions)
         return [Generation(tokens[i], logps[i], finish[i]) for i in range(n)]
@@ -148,7 +155,12 @@ def _sample(
         cumulative = sorted_lp.exp().cumsum(dim=-1)
         drop = cumulative - sorted_lp.exp() >= sampling.top_p  # keep the smallest set reaching top_p
         filtered = filtered.scatter(-1, order, sorted_lp.masked_fill(drop, float("-inf")))
-    ids = torch.multinomial(filtered.exp(), 1, generator=generator)[:, 0]
+    # Inverse-CDF sampling: one uniform draw per row (torch.multinomial draws one per vocabulary entry,
+    # which cost more than a decode step's attention on CPU). float64 keeps the CDF exact enough at any
+    # vocabulary size; u in (0, 1] never selects a token of probability zero.
+    cdf = filtered.exp().cumsum(dim=-1, dtype=torch.float64)  # (B, V)
+    u = 1.0 - torch.rand((len(cdf), 1), generator=generator, dtype=torch.float64, device=cdf.device)
+    ids = torch.searchsorted(cdf, u * cdf[:, -1:])[:, 0].clamp(max=cdf.shape[-1] - 1)  # (B,)
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
 

@@ -4,7 +4,12 @@ the model's own modules and weights, with a key/value cache preallocated once pe
 transformers' DynamicCache concatenates each layer's keys and values at every step, so a step copies
 the whole cache; on a CPU with small models that copying was ~70% of generation time. Here each step
 writes one position in place and attends over a view. Checked against the model's own forward in the
-tests (same greedy tokens, same logprobs to ~1e-6).
+tests (same greedy tokens, same logits to ~1e-4).
+
+On a CPU in fp32 the projections also run through oneDNN with their weights prepacked once per
+`generate` call (q/k/v as one matrix, gate/up as one), the path torch.compile's CPU backend takes for
+frozen linear weights (`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) it is
+1.5-2x faster than `F.linear`'s MKL GEMM. Elsewhere (CUDA, bf16, LoRA layers) the model's own modules run.
 """
 
 from __future__ import annotations
@@ -23,6 +28,41 @@ def supports(model: Any) -> bool:
     if config.model_type not in SUPPORTED or getattr(config, "use_sliding_window", False):
         return False
     return not (config.model_type == "mistral" and getattr(config, "sliding_window", None))
+
+
+def _packable(model: Any) -> bool:
+    """Plain fp32 nn.Linear projections on a CPU with oneDNN (not LoRA-wrapped, not sharded)."""
+    weight = model.lm_head.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or type(weight.data) is not torch.Tensor:
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    projections = [model.lm_head]
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections += [
+            attn.q_proj,
+            attn.k_proj,
+            attn.v_proj,
+            attn.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ]
+    return all(type(m) is torch.nn.Linear for m in projections)
+
+
+def _pack(modules: list[torch.nn.Linear], rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The modules' weights stacked along the output dim (one GEMM for all) and reordered for oneDNN;
+    `rows` is the batch size the layout is tuned for (any size works)."""
+    weight = torch.cat([m.weight for m in modules])
+    biases = [m.bias for m in modules]
+    bias = None if biases[0] is None else torch.cat(biases)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
+
+
+def _linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed[0], packed[1], "none", [], "")
 
 
 def _attention(
@@ -83,6 +123,16 @@ class KVDecoder:
         self.values: list[torch.Tensor] = []
         self.key_mask = torch.empty(0)  # (B, capacity) True where a position holds a real token
         self.length = 0  # positions filled
+        self.packed: list[dict[str, Any]] = []  # per layer: prepacked projections (CPU fp32), else empty
+        if _packable(model):
+            rows = 32  # the decode batch of a GRPO step, roughly; only tunes the layout
+            for layer in self.inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self.packed.append({"qkv": _pack([attn.q_proj, attn.k_proj, attn.v_proj], rows),
+                                    "o": _pack([attn.o_proj], rows),
+                                    "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows),
+                                    "down": _pack([mlp.down_proj], rows)})  # fmt: skip
+            self.lm_head = _pack([model.lm_head], rows)
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
@@ -121,18 +171,40 @@ class KVDecoder:
         for index, layer in enumerate(self.inner.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim)
-            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim)
-            v = attn.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
+            q, k, v = self._qkv(index, x)  # (B, T, H, D), (B, T, Hkv, D) x 2
             if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             self.keys[index][:, :, start:end] = k
-            self.values[index][:, :, start:end] = v
+            self.values[index][:, :, start:end] = v.transpose(1, 2)
             out = _attention(
                 q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attend, attn.scaling
             )
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._out(index, out.transpose(1, 2).reshape(batch, steps, -1))
+            hidden = hidden + self._mlp(index, layer.post_attention_layernorm(hidden))
         self.length = end
-        return self.model.lm_head(self.inner.norm(hidden[:, -1])).float()  # (B, V)
+        last = self.inner.norm(hidden[:, -1])  # (B, C)
+        return (_linear(last, self.lm_head) if self.packed else self.model.lm_head(last)).float()  # (B, V)
+
+    def _qkv(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, steps, _ = x.shape
+        if self.packed:
+            q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q, k, v = _linear(x, self.packed[index]["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            attn = self.inner.layers[index].self_attn
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        shape = (batch, steps, -1, self.head_dim)
+        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
+
+    def _out(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return _linear(x, self.packed[index]["o"])
+        return self.inner.layers[index].self_attn.o_proj(x)
+
+    def _mlp(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.inner.layers[index].mlp
+        if not self.packed:
+            return mlp(x)
+        gate, up = _linear(x, self.packed[index]["gate_up"]).chunk(2, dim=-1)
+        return _linear(mlp.act_fn(gate) * up, self.packed[index]["down"])

@@ -1,0 +1,104 @@
+"""The HF engine's decoders and sampler against the model's own forward pass, on tiny random models of each
+supported architecture (no tokenizer needed: the engine is driven with token ids)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from retool_cli.rollout import kv_decoder
+from retool_cli.rollout.hf_engine import HFEngine, Sampling, _sample
+
+CONFIGS = {
+    "qwen2": Qwen2Config,  # q/k/v biases
+    "qwen3": Qwen3Config,  # per-head q/k norms
+    "llama": LlamaConfig,  # no biases
+}
+VOCAB, EOS, PAD = 97, 96, 95
+
+
+def tiny_model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = CONFIGS[kind](vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                           eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def engine_for(model: torch.nn.Module) -> HFEngine:
+    tokenizer = SimpleNamespace(
+        eos_token_id=EOS, pad_token_id=PAD, decode=lambda ids: "", encode=lambda t, **k: []
+    )
+    return HFEngine(model, tokenizer)
+
+
+PROMPTS = [[5, 17, 3, 44, 9], [8, 2], [5, 17, 3, 44, 9], [60, 61, 62]]  # a repeated prompt, different lengths
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize("packed", [True, False])
+def test_decoder_matches_the_models_forward(kind: str, packed: bool, monkeypatch) -> None:
+    """Greedy tokens equal those of a full forward pass over each row alone, and the sampled logprobs are
+    that forward's, for the oneDNN-packed CPU path and for the model's own modules."""
+    model = tiny_model(kind)
+    if not packed:
+        monkeypatch.setattr(kv_decoder, "_packable", lambda m: False)
+    elif not kv_decoder._packable(model):
+        pytest.skip("no oneDNN linear on this build of torch")
+    budgets = [12, 7, 12, 3]  # rows finish at different steps (the batch shrinks under the others)
+    gens = engine_for(model).generate(PROMPTS, budgets, [], Sampling(temperature=0.0))
+    for prompt, budget, gen in zip(PROMPTS, budgets, gens, strict=True):
+        if gen.finish_reason == "eos":
+            assert gen.token_ids[-1] == EOS and len(gen.token_ids) <= budget
+        else:
+            assert gen.finish_reason == "length" and len(gen.token_ids) == budget
+        ids = list(prompt)
+        for token, logp in zip(gen.token_ids, gen.logprobs, strict=True):
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+            assert token == int(logprobs.argmax())
+            assert math.isclose(logp, float(logprobs[token]), abs_tol=1e-4)
+            ids.append(token)
+
+
+def test_packed_weights_follow_a_trainer_step() -> None:
+    """The packed copies are made per generate call, so an optimizer step between calls is seen."""
+    model = tiny_model("qwen2")
+    engine = engine_for(model)
+    greedy = Sampling(temperature=0.0)
+    before = engine.generate([PROMPTS[0]], [10], [], greedy)[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    after = engine.generate([PROMPTS[0]], [10], [], greedy)[0]
+    expected = tiny_model("qwen2")
+    expected.load_state_dict(model.state_dict())
+    assert after.token_ids == engine_for(expected).generate([PROMPTS[0]], [10], [], greedy)[0].token_ids
+    assert after.token_ids != before.token_ids
+
+
+def test_sampler_draws_from_the_filtered_distribution() -> None:
+    """Inverse-CDF sampling: frequencies match the softmax, a zero-probability token is never drawn, top-k and
+    top-p keep only their tokens, and the same seed gives the same draws."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5]] * 4)
+    probs = torch.softmax(logits[0], -1)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(6)
+    draws = 5000
+    for _ in range(draws):
+        ids, logps = _sample(logits, Sampling(), generator)
+        counts += torch.bincount(ids, minlength=6)
+    freq = counts / (4 * draws)
+    assert counts[4] == 0
+    assert torch.allclose(freq, probs, atol=0.01), (freq, probs)
+    assert torch.allclose(logps, torch.log(probs)[ids])
+    top2 = torch.cat([_sample(logits, Sampling(top_k=2), generator)[0] for _ in range(200)])
+    assert set(top2.tolist()) == {0, 1}
+    top_p = torch.cat([_sample(logits, Sampling(top_p=0.5), generator)[0] for _ in range(200)])
+    assert set(top_p.tolist()) == {0}  # p(0) = 0.52 already reaches 0.5
+    first = _sample(logits, Sampling(), torch.Generator().manual_seed(3))[0]
+    assert torch.equal(first, _sample(logits, Sampling(), torch.Generator().manual_seed(3))[0])
