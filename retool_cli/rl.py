@@ -117,9 +117,10 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
     # as the old ones and the extra forward pass is skipped (as TRL does with num_iterations=1).
     on_policy = t.epochs_per_batch == 1 and t.mini_batches == 1
     sequences = [x.token_ids for x in trajectories]
+    prompt_lens = [len(x.prompt_ids) for x in trajectories]
 
     def all_logprobs(m: Any) -> list[torch.Tensor]:
-        return _all_logprobs(m, sequences, pad_id, device, t.micro_batch_tokens, t.bf16_autocast)
+        return _all_logprobs(m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast)
 
     extra = {} if on_policy else {"old_logprobs": all_logprobs(model)}
     if ref_model is not None:
@@ -186,7 +187,8 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
     trajectories = micro.objects["trajectory"]
     logp, _, entropy = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
                                          bf16_autocast=t.bf16_autocast,
-                                         entropy="loss" if t.entropy_coef > 0 else "metric")  # (B, L-1)  # fmt: skip
+                                         entropy="loss" if t.entropy_coef > 0 else "metric",
+                                         prompt_lens=[len(x.prompt_ids) for x in trajectories])  # (B, L-1)  # fmt: skip
     width = logp.shape[1]
     mask = response_mask_matrix(
         [len(x.prompt_ids) for x in trajectories], micro.objects["mask"], width, device
@@ -213,13 +215,17 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
 
 
 @torch.no_grad()
-def _all_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device, budget: int,
-                  bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
-    """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches."""
+def _all_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,
+                  device: torch.device, budget: int, bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
+    """Next-token logprobs of each sequence (len - 1,) at its response positions (0 over the prompt),
+    computed in token-budget micro-batches."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
-        logp, _, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast)
+        lens = [prompt_lens[i] for i in group] or [1]
+        logp, _, _ = sequence_logprobs(
+            model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens
+        )
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retool_cli import prefix_sharing
 from retool_cli.algorithms import token_logprobs
 from retool_cli.distributed import load_optimizer_state
 from retool_cli.errors import ConfigError
@@ -62,14 +63,33 @@ def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.
 
 
 def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device,
-                      temperature: float = 1.0, bf16_autocast: bool = False,
-                      entropy: str = "off") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+                      temperature: float = 1.0, bf16_autocast: bool = False, entropy: str = "off",
+                      prompt_lens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
     policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
     With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
-    is always taken in fp32."""
+    is always taken in fp32. Given `prompt_lens` and sequences that repeat a prompt (GRPO groups), each
+    prompt runs once (prefix_sharing) and only positions predicting response tokens are filled (0 elsewhere)."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
+    shared = prompt_lens is not None and prefix_sharing.usable(model)
+    prompts = [s[:n] for s, n in zip(sequences, prompt_lens or [], strict=False)]
+    if shared and len({tuple(p) for p in prompts}) < len(prompts):
+        responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]  # type: ignore[arg-type]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+            logits = prefix_sharing.response_logits(model, prompts, responses, pad_id, device)  # (B, R, V)
+        targets = pad_right(responses, pad_id, device)  # (B, R)
+        logp, entropy_per_token = token_logprobs(logits, targets, temperature, entropy)
+        # response token j of row b sits at sequence index n_b + j, predicted at position n_b - 1 + j
+        offset = torch.arange(ids.shape[1] - 1, device=device)[None] - (
+            torch.tensor(prompt_lens, device=device)[:, None] - 1
+        )
+        inside = (offset >= 0) & (offset < torch.tensor([len(r) for r in responses], device=device)[:, None])
+        index = offset.clamp(0, targets.shape[1] - 1)  # (B, L-1)
+        logp = logp.gather(1, index) * inside
+        if entropy_per_token is not None:
+            entropy_per_token = entropy_per_token.gather(1, index) * inside
+        return logp, attention[:, 1:], entropy_per_token
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
     logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -88,3 +89,73 @@ def test_lora_target_modules_that_match_nothing_is_a_config_error() -> None:
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_target_modules=["no_such_proj"])
     with pytest.raises(ConfigError, match=r"model.lora_target_modules=\['no_such_proj'\]"):
         load_policy(cfg, str(tiny_model_path()))
+
+
+def _grouped_sequences(seed: int) -> tuple[list[list[int]], list[int]]:
+    """Three prompts of different lengths, three samples each, responses of different lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences, prompt_lens = [], []
+    for prompt in ([5, 17, 3, 44, 9], [8, 2], [60, 61, 62, 63, 64, 65, 66]):
+        for _ in range(3):
+            length = int(torch.randint(1, 12, (1,), generator=generator))
+            sequences.append(prompt + torch.randint(0, 90, (length,), generator=generator).tolist())
+            prompt_lens.append(len(prompt))
+    return sequences, prompt_lens
+
+
+def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
+    model.zero_grad()
+    logp, _, entropy = sequence_logprobs(model, sequences, 95, torch.device("cpu"), temperature=0.8,
+                                         entropy="loss", prompt_lens=prompt_lens if shared else None)  # fmt: skip
+    response = torch.zeros_like(logp)
+    for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
+        response[i, start - 1 : len(seq) - 1] = 1
+    ((logp * response).sum() + 0.1 * (entropy * response).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (logp * response).detach(), (entropy * response).detach(), grads
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_shared_prefix_pass_equals_the_plain_pass(kind: str) -> None:
+    """Each prompt once (prefix_sharing): the same response logprobs, entropies and gradients as a plain
+    forward over the full sequences, and zeros over the prompt."""
+    from retool_cli import prefix_sharing
+    from tests.unit.test_hf_engine import tiny_model
+
+    model = tiny_model(kind).train()
+    assert prefix_sharing.usable(model)
+    sequences, prompt_lens = _grouped_sequences(0)
+    plain = _loss_and_grads(model, sequences, prompt_lens, shared=False)
+    shared = _loss_and_grads(model, sequences, prompt_lens, shared=True)
+    assert torch.allclose(plain[0], shared[0], atol=1e-5) and torch.allclose(plain[1], shared[1], atol=1e-5)
+    assert plain[2].keys() == shared[2].keys() and len(plain[2]) == len(list(model.parameters()))
+    for name, grad in plain[2].items():
+        assert torch.allclose(grad, shared[2][name], atol=1e-4, rtol=1e-4), name
+    logp, _, _ = sequence_logprobs(model, sequences, 95, torch.device("cpu"), prompt_lens=prompt_lens)
+    assert all((logp[i, : start - 1] == 0).all() for i, start in enumerate(prompt_lens))
+
+
+def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
+    """Through peft's LoRA layers the adapters get the same gradients; gradient checkpointing keeps the
+    plain pass (its memory saving is per layer call)."""
+    from retool_cli import prefix_sharing
+    from retool_cli.config import ModelConfig
+    from retool_cli.modeling import apply_lora
+
+    sequences, prompt_lens = _grouped_sequences(1)
+    sequences = [[t % 200 for t in s] for s in sequences]
+    torch.manual_seed(0)
+    policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_path()),
+                        ModelConfig(name_or_path="tiny", lora_rank=4, lora_alpha=8.0))  # fmt: skip
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # non-zero adapters, so that they change the logits
+    assert prefix_sharing.usable(policy)
+    plain = _loss_and_grads(policy, sequences, prompt_lens, shared=False)
+    shared = _loss_and_grads(policy, sequences, prompt_lens, shared=True)
+    assert torch.allclose(plain[0], shared[0], atol=1e-5)
+    assert plain[2] and all("lora_" in n for n in plain[2])
+    assert all(torch.allclose(g, shared[2][n], atol=1e-4, rtol=1e-4) for n, g in plain[2].items())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    model.gradient_checkpointing_enable()
+    assert not prefix_sharing.usable(model)
