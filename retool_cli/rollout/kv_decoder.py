@@ -49,7 +49,16 @@ def _packable(model: Any) -> bool:
             mlp.up_proj,
             mlp.down_proj,
         ]
-    return all(type(m) is torch.nn.Linear for m in projections)
+    norms = [model.model.norm] + [n for layer in model.model.layers for n in _norms(layer)]
+    return all(type(m) is torch.nn.Linear for m in projections) and all(
+        hasattr(n, "variance_epsilon") and hasattr(n, "weight") for n in norms
+    )
+
+
+def _norms(layer: Any) -> list[Any]:
+    attn = layer.self_attn
+    extra = [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+    return [layer.input_layernorm, layer.post_attention_layernorm, *extra]
 
 
 def _pack(modules: list[torch.nn.Linear], rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -133,6 +142,7 @@ class KVDecoder:
                                     "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows),
                                     "down": _pack([mlp.down_proj], rows)})  # fmt: skip
             self.lm_head = _pack([model.lm_head], rows)
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (capacity, D)
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
@@ -149,6 +159,11 @@ class KVDecoder:
         # pad queries attend to themselves too, so that no row is all-masked (NaN) in attention
         attend = (causal & self.key_mask[:, None, :width]) | torch.eye(width, dtype=torch.bool, device=device)
         self.length = 0
+        if self.packed and getattr(self.inner.rotary_emb, "rope_type", None) not in ("dynamic", "longrope"):
+            # the rotary embedding is a function of the position alone: compute it once for every position
+            everywhere = torch.arange(capacity, device=device)[None]
+            cos, sin = self.inner.rotary_emb(self.inner.embed_tokens.weight[:1][None], everywhere)
+            self.rope_table = (cos[0], sin[0])
         return self._forward(ids, positions, attend[:, None])  # (U, 1, W, W)
 
     def select(self, rows: torch.Tensor) -> None:
@@ -164,6 +179,8 @@ class KVDecoder:
         return self._forward(ids[:, None], positions[:, None], attend)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return self._forward_packed(ids, positions, attend)
         batch, steps = ids.shape
         start, end = self.length, self.length + steps
         hidden = self.inner.embed_tokens(ids)  # (B, T, C)
@@ -171,40 +188,73 @@ class KVDecoder:
         for index, layer in enumerate(self.inner.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q, k, v = self._qkv(index, x)  # (B, T, H, D), (B, T, Hkv, D) x 2
+            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim)
+            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim)
+            v = attn.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
             if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             self.keys[index][:, :, start:end] = k
-            self.values[index][:, :, start:end] = v.transpose(1, 2)
+            self.values[index][:, :, start:end] = v
             out = _attention(
                 q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attend, attn.scaling
             )
-            hidden = hidden + self._out(index, out.transpose(1, 2).reshape(batch, steps, -1))
-            hidden = hidden + self._mlp(index, layer.post_attention_layernorm(hidden))
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = end
-        last = self.inner.norm(hidden[:, -1])  # (B, C)
-        return (_linear(last, self.lm_head) if self.packed else self.model.lm_head(last)).float()  # (B, V)
+        return self.model.lm_head(self.inner.norm(hidden[:, -1])).float()  # (B, V)
 
-    def _qkv(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch, steps, _ = x.shape
-        if self.packed:
-            q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-            q, k, v = _linear(x, self.packed[index]["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
+    def _forward_packed(
+        self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor
+    ) -> torch.Tensor:
+        """`_forward` on the prepacked weights, in fewer and larger ops (a decode step of a small model is
+        mostly per-op overhead): one GEMM for q/k/v and one for gate/up, RMSNorm as one op, the rotary
+        embedding applied to the q and k heads together."""
+        batch, steps = ids.shape
+        start, end = self.length, self.length + steps
+        heads, dim = self.n_heads, self.head_dim
+        hidden = F.embedding(ids, self.inner.embed_tokens.weight)  # (B, T, C)
+        if self.rope_table is not None:
+            cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]  # (B, T, D) each
         else:
-            attn = self.inner.layers[index].self_attn
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        shape = (batch, steps, -1, self.head_dim)
-        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
+            cos, sin = self.inner.rotary_emb(hidden, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        for index, layer in enumerate(self.inner.layers):
+            attn, packed = layer.self_attn, self.packed[index]
+            qkv = _linear(_rms_norm(hidden, layer.input_layernorm), packed["qkv"])  # (B, T, (H + 2 Hkv) D)
+            qk = qkv[..., : (heads + self.n_kv) * dim].view(batch, steps, -1, dim)  # (B, T, H + Hkv, D)
+            if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
+                qk = torch.cat(
+                    [_rms_norm(qk[:, :, :heads], attn.q_norm), _rms_norm(qk[:, :, heads:], attn.k_norm)], 2
+                )
+            qk = _rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
+            v = (
+                qkv[..., (heads + self.n_kv) * dim :].view(batch, steps, -1, dim).transpose(1, 2)
+            )  # (B, Hkv, T, D)
+            self.keys[index][:, :, start:end] = qk[:, heads:]
+            self.values[index][:, :, start:end] = v
+            out = _attention(
+                qk[:, :heads],
+                self.keys[index][:, :, :end],
+                self.values[index][:, :, :end],
+                attend,
+                attn.scaling,
+            )  # (B, H, T, D)
+            hidden = hidden + _linear(out.transpose(1, 2).reshape(batch, steps, -1), packed["o"])
+            gate, up = _linear(_rms_norm(hidden, layer.post_attention_layernorm), packed["gate_up"]).chunk(
+                2, -1
+            )
+            hidden = hidden + _linear(layer.mlp.act_fn(gate) * up, packed["down"])
+        self.length = end
+        return _linear(_rms_norm(hidden[:, -1], self.inner.norm), self.lm_head)  # (B, V)
 
-    def _out(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return _linear(x, self.packed[index]["o"])
-        return self.inner.layers[index].self_attn.o_proj(x)
 
-    def _mlp(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        mlp = self.inner.layers[index].mlp
-        if not self.packed:
-            return mlp(x)
-        gate, up = _linear(x, self.packed[index]["gate_up"]).chunk(2, dim=-1)
-        return _linear(mlp.act_fn(gate) * up, self.packed[index]["down"])
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """A Llama-family RMSNorm module's computation as one op (fp32: the same numbers)."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of transformers' Llama-family models (rotate_half form) on x (B, N, T, D)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
