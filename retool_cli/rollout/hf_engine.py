@@ -10,6 +10,7 @@ sampled tokens' logprobs, and a seeded generator (same seed, same tokens on CPU)
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,21 +80,28 @@ class HFEngine:
         # A LoRA (peft) policy: decode through its base model, whose layers carry the adapters.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         decoder = KVDecoder(base) if supports(base) else HFCacheDecoder(self.model)
-        # Prefill each distinct prompt once; the rows of a group then copy its cache.
+        # Prefill each distinct prompt once. Rows are ordered by prompt; when every prompt has the same number
+        # of rows (GRPO groups), the decoder keeps each prompt's cache once (share), else every row copies it.
         unique: dict[tuple[int, ...], int] = {}
         row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        order = sorted(range(len(prompts)), key=row_of.__getitem__)  # batch row -> request
         ids, mask = _left_pad([list(p) for p in unique], self.pad_id, device)  # (U, W)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = decoder.prefill(ids, mask, positions, ids.shape[1] + max(max_new_tokens))  # (U, V)
-        rows = torch.tensor(row_of, device=device)
-        decoder.select(rows)
+        rows = torch.tensor([row_of[i] for i in order], device=device)
+        group_size = len(prompts) // len(unique)
+        counts = Counter(row_of).values()
+        if isinstance(decoder, KVDecoder) and group_size > 1 and all(c == group_size for c in counts):
+            decoder.share(group_size)
+        else:
+            decoder.select(rows)
         logits, positions = logits[rows], positions[rows, -1]  # (B, V), (B,)
 
         n = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
-        active = list(range(n))  # batch row -> request index; -1 once the row's request is finished
+        active = order  # batch row -> request index; -1 once the row's request is finished
         live = n
         while True:
             next_ids, next_logps = _sample(logits, sampling, generator)  # (B,), (B,)
@@ -114,14 +122,14 @@ class HFEngine:
             if live == 0:
                 break
             # Finished rows leave the batch and the cache once they are a quarter of it: a few idle rows
-            # cost less than copying every layer's cache at each finish.
+            # cost less than copying every layer's cache at each finish (after `share`: whole prompts only).
             if (len(active) - live) * 4 >= len(active):
-                index = torch.tensor(
-                    [row for row, request in enumerate(active) if request >= 0], device=device
-                )
-                decoder.select(index)
-                next_ids, positions = next_ids[index], positions[index]
-                active = [request for request in active if request >= 0]
+                keep = decoder.rows_to_keep([request >= 0 for request in active])
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, device=device)
+                    decoder.select(index)
+                    next_ids, positions = next_ids[index], positions[index]
+                    active = [active[row] for row in keep]
             positions = positions + 1
             logits = decoder.step(next_ids, positions)
         return [Generation(tokens[i], logps[i], finish[i]) for i in range(n)]

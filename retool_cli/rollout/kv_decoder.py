@@ -90,6 +90,31 @@ def _attention(
     return out.view(batch, heads, 1, dim)
 
 
+def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], prefix_attend: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+    """One query per row, rows u*n .. u*n+n-1 continuing prompt u: q (B, H, 1, D) against that prompt's keys
+    and values, prefix (U, Hkv, W, D) x 2 (read once per group, as one matmul per prompt over its n rows), and
+    the row's own k, v (B, Hkv, L, D); one softmax over both. prefix_attend (B, 1, 1, W), attend (B, 1, 1, L)."""
+    batch, heads, _, dim = q.shape
+    prefix_k, prefix_v = prefix
+    units, kv, width = prefix_k.shape[0], k.shape[1], prefix_k.shape[2]
+    n, g = batch // units, heads // kv
+
+    def by_prompt(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, G, X) -> (U, Hkv, n G, X)
+        return x.reshape(units, n, kv, g, -1).transpose(1, 2).reshape(units, kv, n * g, -1)
+
+    def by_row(x: torch.Tensor) -> torch.Tensor:  # (U, Hkv, n G, X) -> (B, Hkv, G, X)
+        return x.reshape(units, kv, n, g, -1).transpose(1, 2).reshape(batch, kv, g, -1)
+
+    q = q.reshape(batch, kv, g, dim)
+    scores = torch.cat([by_row(torch.matmul(by_prompt(q), prefix_k.transpose(-1, -2))),
+                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale  # (B, Hkv, G, W + L)  # fmt: skip
+    scores = scores.masked_fill(~torch.cat([prefix_attend, attend], dim=-1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    out = by_row(torch.matmul(by_prompt(probs[..., :width]), prefix_v)) + torch.matmul(probs[..., width:], v)
+    return out.reshape(batch, heads, 1, dim)
+
+
 class HFCacheDecoder:
     """The same three calls through the model's own forward and DynamicCache (any architecture)."""
 
@@ -110,6 +135,9 @@ class HFCacheDecoder:
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
         self.attention = self.attention.index_select(0, rows)
+
+    def rows_to_keep(self, live: list[bool]) -> list[int]:
+        return [row for row, alive in enumerate(live) if alive]
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.attention = torch.cat([self.attention, self.attention.new_ones(len(ids), 1)], dim=1)
@@ -143,6 +171,11 @@ class KVDecoder:
                                     "down": _pack([mlp.down_proj], rows)})  # fmt: skip
             self.lm_head = _pack([model.lm_head], rows)
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (capacity, D)
+        # After `share`: the prompts' keys/values once per prompt, per layer (U, Hkv, W, D) x 2, what each row
+        # may attend to in them (B, 1, 1, W), and the rows per prompt; keys/values then hold new tokens only.
+        self.prefix: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.prefix_attend = torch.empty(0)
+        self.group_size = 0
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
@@ -166,8 +199,34 @@ class KVDecoder:
             self.rope_table = (cos[0], sin[0])
         return self._forward(ids, positions, attend[:, None])  # (U, 1, W, W)
 
+    def share(self, group_size: int) -> None:
+        """After prefill: rows u*n .. u*n+n-1 (n = group_size) continue prompt u, which stays in the cache once
+        instead of n times (less memory to read at every step); each row gets its own cache for new tokens."""
+        width, capacity = self.length, self.keys[0].shape[2] - self.length
+        self.prefix = [(k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
+                       for k, v in zip(self.keys, self.values, strict=True)]  # fmt: skip
+        self.prefix_attend = self.key_mask[:, :width].repeat_interleave(group_size, 0)[:, None, None]
+        rows = len(self.key_mask) * group_size
+        shape = (rows, self.n_kv, capacity, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=k.dtype, device=k.device) for k in self.keys]
+        self.values = [torch.zeros(shape, dtype=v.dtype, device=v.device) for v in self.values]
+        self.key_mask = torch.zeros((rows, capacity), dtype=torch.bool, device=self.key_mask.device)
+        self.length, self.group_size = 0, group_size
+
+    def rows_to_keep(self, live: list[bool]) -> list[int]:
+        """The rows a `select` may keep: the live ones; after `share`, every row of a prompt with a live row."""
+        if not self.group_size:
+            return [row for row, alive in enumerate(live) if alive]
+        n = self.group_size
+        return [row for row in range(len(live)) if any(live[row - row % n : row - row % n + n])]
+
     def select(self, rows: torch.Tensor) -> None:
-        """Keep/reorder/repeat batch rows (expand a prompt to its group; drop finished rows)."""
+        """Keep/reorder/repeat batch rows (expand a prompt to its group; drop finished rows). After `share`,
+        only whole prompts' rows, in order (see rows_to_keep)."""
+        if self.group_size:
+            prompts = rows[:: self.group_size] // self.group_size
+            self.prefix = [(k.index_select(0, prompts), v.index_select(0, prompts)) for k, v in self.prefix]
+            self.prefix_attend = self.prefix_attend.index_select(0, rows)
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
         self.key_mask = self.key_mask.index_select(0, rows)
@@ -177,6 +236,14 @@ class KVDecoder:
         self.key_mask[:, self.length] = True
         attend = self.key_mask[:, None, None, : self.length + 1]  # (B, 1, 1, L)
         return self._forward(ids[:, None], positions[:, None], attend)
+
+    def _attend(
+        self, index: int, q: torch.Tensor, end: int, attend: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        keys, values = self.keys[index][:, :, :end], self.values[index][:, :, :end]
+        if self.group_size:
+            return _shared_attention(q, self.prefix[index], self.prefix_attend, keys, values, attend, scale)
+        return _attention(q, keys, values, attend, scale)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
         if self.packed:
@@ -196,9 +263,7 @@ class KVDecoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             self.keys[index][:, :, start:end] = k
             self.values[index][:, :, start:end] = v
-            out = _attention(
-                q, self.keys[index][:, :, :end], self.values[index][:, :, :end], attend, attn.scaling
-            )
+            out = self._attend(index, q, end, attend, attn.scaling)
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = end
@@ -233,13 +298,7 @@ class KVDecoder:
             )  # (B, Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
             self.values[index][:, :, start:end] = v
-            out = _attention(
-                qk[:, :heads],
-                self.keys[index][:, :, :end],
-                self.values[index][:, :, :end],
-                attend,
-                attn.scaling,
-            )  # (B, H, T, D)
+            out = self._attend(index, qk[:, :heads], end, attend, attn.scaling)  # (B, H, T, D)
             hidden = hidden + _linear(out.transpose(1, 2).reshape(batch, steps, -1), packed["o"])
             gate, up = _linear(_rms_norm(hidden, layer.post_attention_layernorm), packed["gate_up"]).chunk(
                 2, -1

@@ -36,22 +36,33 @@ def engine_for(model: torch.nn.Module) -> HFEngine:
     return HFEngine(model, tokenizer)
 
 
-PROMPTS = [[5, 17, 3, 44, 9], [8, 2], [5, 17, 3, 44, 9], [60, 61, 62]]  # a repeated prompt, different lengths
+A, B, C = [5, 17, 3, 44, 9], [8, 2], [60, 61, 62]
+PROMPTS = [A, B, A, C]  # a repeated prompt, different lengths: each row copies its prompt's cache
+# GRPO groups, interleaved: each prompt's cache kept once (KVDecoder.share); rows finish at different steps,
+# B's rows first (its whole group then leaves the batch), then some of A's and C's
+GROUPED = [A, B, C, B, A, C, A, B, C]
+GROUPED_BUDGETS = [12, 2, 9, 3, 4, 12, 12, 2, 5]
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 @pytest.mark.parametrize("packed", [True, False])
-def test_decoder_matches_the_models_forward(kind: str, packed: bool, monkeypatch) -> None:
+@pytest.mark.parametrize("grouped", [False, True])
+def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bool, monkeypatch) -> None:
     """Greedy tokens equal those of a full forward pass over each row alone, and the sampled logprobs are
-    that forward's, for the oneDNN-packed CPU path and for the model's own modules."""
+    that forward's, for the oneDNN-packed CPU path and for the model's own modules, with each row's copy of
+    its prompt's cache and with the cache shared by a prompt's rows."""
     model = tiny_model(kind)
     if not packed:
         monkeypatch.setattr(kv_decoder, "_packable", lambda m: False)
     elif not kv_decoder._packable(model):
         pytest.skip("no oneDNN linear on this build of torch")
-    budgets = [12, 7, 12, 3]  # rows finish at different steps (the batch shrinks under the others)
-    gens = engine_for(model).generate(PROMPTS, budgets, [], Sampling(temperature=0.0))
-    for prompt, budget, gen in zip(PROMPTS, budgets, gens, strict=True):
+    shared = []
+    share = kv_decoder.KVDecoder.share
+    monkeypatch.setattr(kv_decoder.KVDecoder, "share", lambda self, n: (shared.append(n), share(self, n)))
+    prompts, budgets = (GROUPED, GROUPED_BUDGETS) if grouped else (PROMPTS, [12, 7, 12, 3])
+    gens = engine_for(model).generate(prompts, budgets, [], Sampling(temperature=0.0))
+    assert shared == ([3] if grouped else [])
+    for prompt, budget, gen in zip(prompts, budgets, gens, strict=True):
         if gen.finish_reason == "eos":
             assert gen.token_ids[-1] == EOS and len(gen.token_ids) <= budget
         else:
@@ -70,14 +81,14 @@ def test_packed_weights_follow_a_trainer_step() -> None:
     model = tiny_model("qwen2")
     engine = engine_for(model)
     greedy = Sampling(temperature=0.0)
-    before = engine.generate([PROMPTS[0]], [10], [], greedy)[0]
+    before = engine.generate([A], [10], [], greedy)[0]
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
-    after = engine.generate([PROMPTS[0]], [10], [], greedy)[0]
+    after = engine.generate([A], [10], [], greedy)[0]
     expected = tiny_model("qwen2")
     expected.load_state_dict(model.state_dict())
-    assert after.token_ids == engine_for(expected).generate([PROMPTS[0]], [10], [], greedy)[0].token_ids
+    assert after.token_ids == engine_for(expected).generate([A], [10], [], greedy)[0].token_ids
     assert after.token_ids != before.token_ids
 
 
