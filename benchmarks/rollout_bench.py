@@ -3,10 +3,11 @@ workload of ../shared/bench/trl_grpo_baseline.py (same tiny model, tokenizer and
 samples, 64 new tokens, temperature 1), alternating runs in one process. Also multi-turn throughput of
 the agent loop with 2 code calls per trajectory, with and without overlapping sandbox execution.
 
-    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16]
+    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16] [--system-words N]
 
 --bf16 also times our engine sampling from a bfloat16 copy of the weights (rollout.dtype=bfloat16), on its
-own line: the comparison itself is fp32 against fp32.
+own line: the comparison itself is fp32 against fp32. --system-words N puts a system message of N words before
+each prompt (ReTool's prompts carry a long instruction; the baseline's have none), for both engines.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--system-words", type=int, default=0)
     args = parser.parse_args()
     from retool_cli.rollout.hf_engine import HFEngine, Sampling
 
@@ -117,7 +119,13 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_pretrained(str(work)).eval()
     dataset = base.build_dataset(200, seed=0)
-    prompts = [tokenizer.apply_chat_template(dataset[i]["prompt"], add_generation_prompt=True, tokenize=True)
+    instruction = "solve the problem step by step and write python code when a computation is hard"
+    words = instruction.split(" ")
+    system = [
+        {"role": "system", "content": " ".join(words[i % len(words)] for i in range(args.system_words))}
+    ]
+    prompts = [tokenizer.apply_chat_template((system if args.system_words else []) + dataset[i]["prompt"],
+                                             add_generation_prompt=True, tokenize=True)
                for i in range(4)]  # fmt: skip
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
@@ -144,7 +152,7 @@ def main() -> None:
             trl_tokens.append(tokens)
     o, t = statistics.median(ours_s), statistics.median(trl_s)
     print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params"
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, prompts of {len(prompts[0])} tokens"
     )
     print(
         f"ours (HFEngine):        median {o:.3f} s per batch, {statistics.mean(ours_tokens):.0f} tokens, {statistics.mean(ours_tokens) / o:.0f} tokens/s"
