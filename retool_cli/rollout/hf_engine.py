@@ -42,6 +42,7 @@ class HFEngine:
         if self.copied:
             model = copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
         self.model = model
+        self.pack_cache: dict = {}  # KVDecoder's prepacked weights, kept while the weights are unchanged
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = eos if isinstance(eos, list) else [eos]
@@ -79,7 +80,7 @@ class HFEngine:
         stopper = _StopChecker(self.tokenizer, stop_strings)
         # A LoRA (peft) policy: decode through its base model, whose layers carry the adapters.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        decoder = KVDecoder(base) if supports(base) else HFCacheDecoder(self.model)
+        decoder = KVDecoder(base, self.pack_cache) if supports(base) else HFCacheDecoder(self.model)
         # Prefill each distinct prompt once. Rows are ordered by prompt; when every prompt has the same number
         # of rows (GRPO groups), the decoder keeps each prompt's cache once (share), else every row copies it.
         unique: dict[tuple[int, ...], int] = {}
