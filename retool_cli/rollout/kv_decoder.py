@@ -85,26 +85,25 @@ def _linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
 
 
 def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """q (B, H, T, D) against k, v (B, Hkv, L, D). One query per row (decoding) is two small batched
     matmuls, faster on CPU than the fused kernel; prefill uses the fused kernel."""
     groups = q.shape[1] // k.shape[1]
     if q.shape[2] > 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attend, scale=scale, enable_gqa=groups > 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
     batch, heads, _, dim = q.shape
     q = q.view(batch, k.shape[1], groups, dim)  # (B, Hkv, G, D): the query heads sharing a kv head
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, Hkv, G, L)
-    scores = scores.masked_fill(~attend, float("-inf"))
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias  # (B, Hkv, G, L)
     out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)  # (B, Hkv, G, D)
     return out.view(batch, heads, 1, dim)
 
 
-def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], prefix_attend: torch.Tensor,
-                      k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor,
+                      bias: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
     """One query per row, rows u*n .. u*n+n-1 continuing prompt u: q (B, H, 1, D) against that prompt's keys
     and values, prefix (U, Hkv, W, D) x 2 (read once per group, as one matmul per prompt over its n rows), and
-    the row's own k, v (B, Hkv, L, D); one softmax over both. prefix_attend (B, 1, 1, W), attend (B, 1, 1, L)."""
+    the row's own k, v (B, Hkv, L, D); one softmax over both. bias (B, 1, 1, W + L): 0 or -inf per key."""
     batch, heads, _, dim = q.shape
     prefix_k, prefix_v = prefix
     units, kv, width = prefix_k.shape[0], k.shape[1], prefix_k.shape[2]
@@ -118,8 +117,7 @@ def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor]
 
     q = q.reshape(batch, kv, g, dim)
     scores = torch.cat([by_row(torch.matmul(by_prompt(q), prefix_k.transpose(-1, -2))),
-                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale  # (B, Hkv, G, W + L)  # fmt: skip
-    scores = scores.masked_fill(~torch.cat([prefix_attend, attend], dim=-1), float("-inf"))
+                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale + bias  # (B, Hkv, G, W + L)  # fmt: skip
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = by_row(torch.matmul(by_prompt(probs[..., :width]), prefix_v)) + torch.matmul(probs[..., width:], v)
     return out.reshape(batch, heads, 1, dim)
@@ -170,7 +168,8 @@ class KVDecoder:
         self.n_kv = model.config.num_key_value_heads
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.key_mask = torch.empty(0)  # (B, capacity) True where a position holds a real token
+        # (B, capacity) 0 where a position holds a real token, -inf elsewhere: added to attention scores
+        self.key_bias = torch.empty(0)
         self.length = 0  # positions filled
         self.packed: list[dict[str, Any]] = []  # per layer: prepacked projections (CPU fp32), else empty
         if _packable(model):
@@ -180,10 +179,10 @@ class KVDecoder:
                 cache.update(key=key, weights=_pack_model(model))
             self.packed, self.lm_head = cache["weights"]
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (capacity, D)
-        # After `share`: the prompts' keys/values once per prompt, per layer (U, Hkv, W, D) x 2, what each row
-        # may attend to in them (B, 1, 1, W), and the rows per prompt; keys/values then hold new tokens only.
+        # After `share`: the prompts' keys/values once per prompt, per layer (U, Hkv, W, D) x 2, each row's bias
+        # over them (B, 1, 1, W), and the rows per prompt; keys/values then hold new tokens only.
         self.prefix: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.prefix_attend = torch.empty(0)
+        self.prefix_bias = torch.empty(0)
         self.group_size = 0
 
     def prefill(
@@ -195,18 +194,19 @@ class KVDecoder:
         shape = (rows, self.n_kv, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.inner.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.inner.layers]
-        self.key_mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
-        self.key_mask[:, :width] = mask.bool()
+        self.key_bias = torch.full((rows, capacity), float("-inf"), dtype=dtype, device=device)
+        self.key_bias[:, :width].masked_fill_(mask.bool(), 0.0)
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
         # pad queries attend to themselves too, so that no row is all-masked (NaN) in attention
-        attend = (causal & self.key_mask[:, None, :width]) | torch.eye(width, dtype=torch.bool, device=device)
+        attend = (causal & mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
         self.length = 0
         if self.packed and getattr(self.inner.rotary_emb, "rope_type", None) not in ("dynamic", "longrope"):
             # the rotary embedding is a function of the position alone: compute it once for every position
             everywhere = torch.arange(capacity, device=device)[None]
             cos, sin = self.inner.rotary_emb(self.inner.embed_tokens.weight[:1][None], everywhere)
             self.rope_table = (cos[0], sin[0])
-        return self._forward(ids, positions, attend[:, None])  # (U, 1, W, W)
+        bias = torch.zeros(attend.shape, dtype=dtype, device=device).masked_fill_(~attend, float("-inf"))
+        return self._forward(ids, positions, bias[:, None])  # (U, 1, W, W)
 
     def share(self, group_size: int) -> None:
         """After prefill: rows u*n .. u*n+n-1 (n = group_size) continue prompt u, which stays in the cache once
@@ -214,12 +214,13 @@ class KVDecoder:
         width, capacity = self.length, self.keys[0].shape[2] - self.length
         self.prefix = [(k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
                        for k, v in zip(self.keys, self.values, strict=True)]  # fmt: skip
-        self.prefix_attend = self.key_mask[:, :width].repeat_interleave(group_size, 0)[:, None, None]
-        rows = len(self.key_mask) * group_size
+        self.prefix_bias = self.key_bias[:, :width].repeat_interleave(group_size, 0)[:, None, None]
+        rows = len(self.key_bias) * group_size
         shape = (rows, self.n_kv, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=k.dtype, device=k.device) for k in self.keys]
         self.values = [torch.zeros(shape, dtype=v.dtype, device=v.device) for v in self.values]
-        self.key_mask = torch.zeros((rows, capacity), dtype=torch.bool, device=self.key_mask.device)
+        self.key_bias = torch.full((rows, capacity), float("-inf"), dtype=self.key_bias.dtype,
+                                   device=self.key_bias.device)  # fmt: skip
         self.length, self.group_size = 0, group_size
 
     def rows_to_keep(self, live: list[bool]) -> list[int]:
@@ -235,28 +236,30 @@ class KVDecoder:
         if self.group_size:
             prompts = rows[:: self.group_size] // self.group_size
             self.prefix = [(k.index_select(0, prompts), v.index_select(0, prompts)) for k, v in self.prefix]
-            self.prefix_attend = self.prefix_attend.index_select(0, rows)
+            self.prefix_bias = self.prefix_bias.index_select(0, rows)
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
-        self.key_mask = self.key_mask.index_select(0, rows)
+        self.key_bias = self.key_bias.index_select(0, rows)
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One new token per row (B,) at `positions` (B,). Returns logits (B, V)."""
-        self.key_mask[:, self.length] = True
-        attend = self.key_mask[:, None, None, : self.length + 1]  # (B, 1, 1, L)
-        return self._forward(ids[:, None], positions[:, None], attend)
+        self.key_bias[:, self.length] = 0.0
+        bias = self.key_bias[:, None, None, : self.length + 1]  # (B, 1, 1, L)
+        if self.group_size:  # the prompt's keys come first (once per step here, not in every layer)
+            bias = torch.cat([self.prefix_bias, bias], dim=-1)
+        return self._forward(ids[:, None], positions[:, None], bias)
 
     def _attend(
-        self, index: int, q: torch.Tensor, end: int, attend: torch.Tensor, scale: float
+        self, index: int, q: torch.Tensor, end: int, bias: torch.Tensor, scale: float
     ) -> torch.Tensor:
         keys, values = self.keys[index][:, :, :end], self.values[index][:, :, :end]
         if self.group_size:
-            return _shared_attention(q, self.prefix[index], self.prefix_attend, keys, values, attend, scale)
-        return _attention(q, keys, values, attend, scale)
+            return _shared_attention(q, self.prefix[index], keys, values, bias, scale)
+        return _attention(q, keys, values, bias, scale)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return self._forward_packed(ids, positions, attend)
+            return self._forward_packed(ids, positions, bias)
         batch, steps = ids.shape
         start, end = self.length, self.length + steps
         hidden = self.inner.embed_tokens(ids)  # (B, T, C)
@@ -272,15 +275,13 @@ class KVDecoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             self.keys[index][:, :, start:end] = k
             self.values[index][:, :, start:end] = v
-            out = self._attend(index, q, end, attend, attn.scaling)
+            out = self._attend(index, q, end, bias, attn.scaling)
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = end
         return self.model.lm_head(self.inner.norm(hidden[:, -1])).float()  # (B, V)
 
-    def _forward_packed(
-        self, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor
-    ) -> torch.Tensor:
+    def _forward_packed(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """`_forward` on the prepacked weights, in fewer and larger ops (a decode step of a small model is
         mostly per-op overhead): one GEMM for q/k/v and one for gate/up, RMSNorm as one op, the rotary
         embedding applied to the q and k heads together."""
@@ -307,7 +308,7 @@ class KVDecoder:
             )  # (B, Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
             self.values[index][:, :, start:end] = v
-            out = self._attend(index, qk[:, :heads], end, attend, attn.scaling)  # (B, H, T, D)
+            out = self._attend(index, qk[:, :heads], end, bias, attn.scaling)  # (B, H, T, D)
             hidden = hidden + _linear(out.transpose(1, 2).reshape(batch, steps, -1), packed["o"])
             gate, up = _linear(_rms_norm(hidden, layer.post_attention_layernorm), packed["gate_up"]).chunk(
                 2, -1
