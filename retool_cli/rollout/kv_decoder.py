@@ -6,10 +6,15 @@ the whole cache; on a CPU with small models that copying was ~70% of generation 
 writes one position in place and attends over a view. Checked against the model's own forward in the
 tests (same greedy tokens, same logits to ~1e-4).
 
-On a CPU in fp32 the projections also run through oneDNN with their weights prepacked (again only after
-the weights change) (q/k/v as one matrix, gate/up as one), the path torch.compile's CPU backend takes for
-frozen linear weights (`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) it is
-1.5-2x faster than `F.linear`'s MKL GEMM. Elsewhere (CUDA, bf16, LoRA layers) the model's own modules run.
+A GRPO group's rows continue the same prompt: after the prefill, `share` keeps that prompt's keys and
+values once for the group instead of once per row, so each step reads them once (30% less time per batch
+with 300-token prompts on a CPU).
+
+On a CPU in fp32 the projections run through oneDNN with prepacked weights (q/k/v as one matrix, gate/up
+as one), the path torch.compile's CPU backend takes for frozen linear weights
+(`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) 1.5-2x faster than `F.linear`.
+The packing is redone only after a parameter changes. Elsewhere (CUDA, bf16, LoRA layers) the model's
+own modules run.
 """
 
 from __future__ import annotations
@@ -40,15 +45,8 @@ def _packable(model: Any) -> bool:
     projections = [model.lm_head]
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        projections += [
-            attn.q_proj,
-            attn.k_proj,
-            attn.v_proj,
-            attn.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        ]
+        projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+        projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
     norms = [model.model.norm] + [n for layer in model.model.layers for n in _norms(layer)]
     return all(type(m) is torch.nn.Linear for m in projections) and all(
         hasattr(n, "variance_epsilon") and hasattr(n, "weight") for n in norms
@@ -93,10 +91,10 @@ def _attention(
     if q.shape[2] > 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=groups > 1)
     batch, heads, _, dim = q.shape
-    q = q.view(batch, k.shape[1], groups, dim)  # (B, Hkv, G, D): the query heads sharing a kv head
+    q = q.reshape(batch, k.shape[1], groups, dim)  # (B, Hkv, G, D): the query heads sharing a kv head
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias  # (B, Hkv, G, L)
     out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)  # (B, Hkv, G, D)
-    return out.view(batch, heads, 1, dim)
+    return out.reshape(batch, heads, 1, dim)
 
 
 def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor,
