@@ -52,7 +52,9 @@ class HFEngine:
         )
 
     def update_weights(self, policy: Any) -> None:
-        """After an optimizer step: nothing to do when sharing the trainer's model; cast-copy into our own."""
+        """After an optimizer step: forget the prepacked weights (version counters alone miss writes such as
+        FSDP2's all-gather into the unsharded parameters); cast-copy into our own model when we have one."""
+        self.pack_cache.clear()
         if self.copied:
             self.model.load_state_dict(policy.state_dict())
 

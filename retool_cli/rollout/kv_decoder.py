@@ -156,7 +156,8 @@ class HFCacheDecoder:
 class KVDecoder:
     def __init__(self, model: Any, pack_cache: dict | None = None) -> None:
         """`pack_cache`: a dict the caller keeps between calls, so the prepacked weights are rebuilt only when
-        a parameter changed (an optimizer step or a weight load bumps its version counter)."""
+        a parameter's version counter moved (in-place updates) or the caller cleared it (HFEngine.update_weights,
+        after every optimizer step: some writes, such as FSDP2's all-gathers, keep the counters)."""
         self.model = model
         self.inner = model.model
         attn = self.inner.layers[0].self_attn

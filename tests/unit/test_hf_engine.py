@@ -92,6 +92,27 @@ def test_packed_weights_follow_a_trainer_step() -> None:
     assert after.token_ids != before.token_ids
 
 
+def test_update_weights_refreshes_packed_weights_a_version_counter_misses() -> None:
+    """Writes through `.data` (as FSDP2's all-gather into unsharded parameters) keep the version counters; the
+    trainer's update_weights call after each optimizer step is what refreshes the packed copies then."""
+    model = tiny_model("qwen2")
+    engine = engine_for(model)
+    greedy = Sampling(temperature=0.0)
+    before = engine.generate([A], [10], [], greedy)[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.add_(torch.randn_like(p))  # no version bump
+    engine.update_weights(model)
+    expected = tiny_model("qwen2")
+    expected.load_state_dict(model.state_dict())
+    after = engine.generate([A], [10], [], greedy)[0]
+    assert (
+        after.token_ids
+        == engine_for(expected).generate([A], [10], [], greedy)[0].token_ids
+        != before.token_ids
+    )
+
+
 def test_sampler_draws_from_the_filtered_distribution() -> None:
     """Inverse-CDF sampling: frequencies match the softmax, a zero-probability token is never drawn, top-k and
     top-p keep only their tokens, and the same seed gives the same draws."""
