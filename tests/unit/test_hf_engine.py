@@ -76,41 +76,26 @@ def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bo
             ids.append(token)
 
 
-def test_packed_weights_follow_a_trainer_step() -> None:
-    """The packed copies are made per generate call, so an optimizer step between calls is seen."""
+@pytest.mark.parametrize("through_data", [False, True])
+def test_packed_weights_follow_a_weight_change(through_data: bool) -> None:
+    """The packed copies are cached while the weights stay as they were. An in-place update (an optimizer
+    step) moves the parameters' version counters and is seen at the next call; a write through `.data` (as
+    FSDP2's all-gather into unsharded parameters) keeps the counters, and the update_weights call the trainer
+    makes after every optimizer step is what refreshes the copies then."""
     model = tiny_model("qwen2")
     engine = engine_for(model)
     greedy = Sampling(temperature=0.0)
     before = engine.generate([A], [10], [], greedy)[0]
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p))
+            (p.data if through_data else p).add_(torch.randn_like(p))
+    if through_data:
+        engine.update_weights(model)
     after = engine.generate([A], [10], [], greedy)[0]
     expected = tiny_model("qwen2")
     expected.load_state_dict(model.state_dict())
     assert after.token_ids == engine_for(expected).generate([A], [10], [], greedy)[0].token_ids
     assert after.token_ids != before.token_ids
-
-
-def test_update_weights_refreshes_packed_weights_a_version_counter_misses() -> None:
-    """Writes through `.data` (as FSDP2's all-gather into unsharded parameters) keep the version counters; the
-    trainer's update_weights call after each optimizer step is what refreshes the packed copies then."""
-    model = tiny_model("qwen2")
-    engine = engine_for(model)
-    greedy = Sampling(temperature=0.0)
-    before = engine.generate([A], [10], [], greedy)[0]
-    with torch.no_grad():
-        for p in model.parameters():
-            p.data.add_(torch.randn_like(p))  # no version bump
-    engine.update_weights(model)
-    expected = tiny_model("qwen2")
-    expected.load_state_dict(model.state_dict())
-    after = engine.generate([A], [10], [], greedy)[0]
-    assert (
-        after.token_ids
-        == engine_for(expected).generate([A], [10], [], greedy)[0].token_ids
-        != before.token_ids
-    )
 
 
 def test_sampler_draws_from_the_filtered_distribution() -> None:
