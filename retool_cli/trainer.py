@@ -72,28 +72,36 @@ def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, devic
     prompt runs once (prefix_sharing) and only positions predicting response tokens are filled (0 elsewhere)."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
-    shared = prompt_lens is not None and prefix_sharing.usable(model)
-    prompts = [s[:n] for s, n in zip(sequences, prompt_lens or [], strict=False)]
-    if shared and len({tuple(p) for p in prompts}) < len(prompts):
-        responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]  # type: ignore[arg-type]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
-            logits = prefix_sharing.response_logits(model, prompts, responses, pad_id, device)  # (B, R, V)
-        targets = pad_right(responses, pad_id, device)  # (B, R)
-        logp, entropy_per_token = token_logprobs(logits, targets, temperature, entropy)
-        # response token j of row b sits at sequence index n_b + j, predicted at position n_b - 1 + j
-        offset = torch.arange(ids.shape[1] - 1, device=device)[None] - (
-            torch.tensor(prompt_lens, device=device)[:, None] - 1
-        )
-        inside = (offset >= 0) & (offset < torch.tensor([len(r) for r in responses], device=device)[:, None])
-        index = offset.clamp(0, targets.shape[1] - 1)  # (B, L-1)
-        logp = logp.gather(1, index) * inside
-        if entropy_per_token is not None:
-            entropy_per_token = entropy_per_token.gather(1, index) * inside
+    prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens or [], strict=False)}
+    if prompt_lens is not None and len(prompts) < len(sequences) and prefix_sharing.usable(model):
+        logp, entropy_per_token = _grouped_logprobs(model, sequences, prompt_lens, pad_id, device, temperature,
+                                                    bf16_autocast, entropy, ids.shape[1] - 1)  # fmt: skip
         return logp, attention[:, 1:], entropy_per_token
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
     logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
     return logp, attention[:, 1:], entropy_per_token
+
+
+def _grouped_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,
+                      device: torch.device, temperature: float, bf16_autocast: bool, entropy: str,
+                      width: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """`sequence_logprobs` through prefix_sharing: response positions filled, in the same (B, width) layout."""
+    prompts = [s[:n] for s, n in zip(sequences, prompt_lens, strict=True)]
+    responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = prefix_sharing.response_logits(model, prompts, responses, pad_id, device)  # (B, R, V)
+    targets = pad_right(responses, pad_id, device)  # (B, R)
+    logp, entropy_per_token = token_logprobs(logits, targets, temperature, entropy)  # (B, R)
+    # Response token j of row b sits at sequence index n_b + j, so it is predicted at position n_b - 1 + j.
+    starts = torch.tensor(prompt_lens, device=device)[:, None] - 1
+    offset = torch.arange(width, device=device)[None] - starts  # (B, width): j at each position
+    inside = (offset >= 0) & (offset < torch.tensor([len(r) for r in responses], device=device)[:, None])
+    index = offset.clamp(0, targets.shape[1] - 1)
+    logp = logp.gather(1, index) * inside
+    if entropy_per_token is not None:
+        entropy_per_token = entropy_per_token.gather(1, index) * inside
+    return logp, entropy_per_token
 
 
 def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]], width: int,
