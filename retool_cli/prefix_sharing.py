@@ -54,10 +54,8 @@ def response_logits(model: Any, prompts: list[list[int]], responses: list[list[i
     response_attend = torch.cat([prompt_mask.bool()[group][:, None, :].expand(-1, length, -1),
                                  causal.expand(len(group), -1, -1)], dim=-1)  # (B, R, P + R)  # fmt: skip
 
-    hidden_p, hidden_r = (
-        inner.embed_tokens(prompt_ids),
-        inner.embed_tokens(response_ids),
-    )  # (U, P, C), (B, R, C)
+    hidden_p = inner.embed_tokens(prompt_ids)  # (U, P, C)
+    hidden_r = inner.embed_tokens(response_ids)  # (B, R, C)
     rope_p = inner.rotary_emb(hidden_p, prompt_positions)
     rope_r = inner.rotary_emb(hidden_r, response_positions)
     for layer in inner.layers:
