@@ -19,13 +19,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from retool_cli.distributed import is_sharded
 from retool_cli.rollout.kv_decoder import supports
 
 
 def usable(model: Any) -> bool:
     """A Llama-family decoder this pass can run layer by layer (a LoRA model through its base model)."""
-    from retool_cli.distributed import is_sharded
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return (
         supports(base) and not is_sharded(model) and not getattr(base.model, "gradient_checkpointing", False)

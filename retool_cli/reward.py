@@ -141,11 +141,11 @@ def _as_math(text: str) -> str:
 
 def install_two_stage_latex_parsing() -> bool:
     """Make math-verify's LaTeX parser (latex2sympy2's ANTLR grammar) try ANTLR's fast SLL prediction first
-        and fall back to full LL only when that raises. ANTLR guarantees that an SLL parse without a syntax
-        error is the tree LL would build, and any error (syntax or conversion) re-runs the original LL parse,
-        so results are unchanged; parsing, ~85% of math-verify's time, gets about 2x faster. Inputs nested deeper
-    than 12 brackets keep plain LL (see below). Returns False, changing
-        nothing, when latex2sympy2's internals are not the ones this was written against (1.11)."""
+    and fall back to full LL only when that raises. ANTLR guarantees that an SLL parse without a syntax error
+    is the tree LL would build, and any error (syntax or conversion) re-runs the original LL parse, so results
+    are unchanged; parsing, ~85% of math-verify's time, gets about 2x faster. Inputs nested deeper than 12
+    brackets keep plain LL (see below). Returns False, changing nothing, when latex2sympy2's internals are not
+    the ones this was written against (1.11)."""
     try:
         from antlr4.atn.PredictionMode import PredictionMode
         from latex2sympy2_extended import latex2sympy2

@@ -217,8 +217,8 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
 @torch.no_grad()
 def _all_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,
                   device: torch.device, budget: int, bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
-    """Next-token logprobs of each sequence (len - 1,) at its response positions (0 over the prompt),
-    computed in token-budget micro-batches."""
+    """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches; only the
+    positions predicting response tokens are meaningful (the prompt's are 0 when prompts are shared)."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step

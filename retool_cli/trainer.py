@@ -72,8 +72,7 @@ def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, devic
     prompt runs once (prefix_sharing) and only positions predicting response tokens are filled (0 elsewhere)."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
-    prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens or [], strict=False)}
-    if prompt_lens is not None and len(prompts) < len(sequences) and prefix_sharing.usable(model):
+    if prompt_lens is not None and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
         logp, entropy_per_token = _grouped_logprobs(model, sequences, prompt_lens, pad_id, device, temperature,
                                                     bf16_autocast, entropy, ids.shape[1] - 1)  # fmt: skip
         return logp, attention[:, 1:], entropy_per_token
@@ -81,6 +80,10 @@ def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, devic
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
     logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
     return logp, attention[:, 1:], entropy_per_token
+
+
+def _repeats_a_prompt(sequences: list[list[int]], prompt_lens: list[int]) -> bool:
+    return len({tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}) < len(sequences)
 
 
 def _grouped_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,

@@ -141,7 +141,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 batch, cursor = collect(config, examples, cursor, step, engine, protocol, sandbox, verifier)
             with timer("update_s"):
                 stats = update(config, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
-            # vLLM, or an hf engine generating in another dtype, holds its own copy of the weights
+            # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
             engine.update_weights(model)
             row = {"step": step, **step_metrics(batch, timer.times), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:

@@ -170,7 +170,9 @@ class KVDecoder:
         # (B, capacity) 0 where a position holds a real token, -inf elsewhere: added to attention scores
         self.key_bias = torch.empty(0)
         self.length = 0  # positions filled
-        self.packed: list[dict[str, Any]] = []  # per layer: prepacked projections (CPU fp32), else empty
+        # per layer: prepacked projections, and the packed lm_head (CPU fp32); else empty / None
+        self.packed: list[dict[str, Any]] = []
+        self.lm_head: tuple[torch.Tensor, torch.Tensor | None] | None = None
         if _packable(model):
             cache = {} if pack_cache is None else pack_cache
             key = [(id(p), p._version) for p in model.parameters()]
