@@ -1,6 +1,6 @@
 """Benchmark contamination: an index of the benchmarks' word n-grams and an overlap report per training row.
 
-    text --normalize--> words --hash each n-gram (numpy, all rows at once)--> look up in the benchmark index
+    text --normalize--> words --hash each n-gram (one compiled pass per chunk of rows)--> look up in the index
       --> per row: the benchmark item it shares most n-grams with, the count, coverage = shared / item's n-grams
 
 Rules: `any` (one shared n-gram: open-r1's rule), `coverage` (coverage >= threshold), plus a normalised exact
@@ -11,12 +11,15 @@ match for benchmark problems shorter than n words (no n-gram rule can see those)
 
 from __future__ import annotations
 
+import operator
 import re
 import unicodedata
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from itertools import compress
+from typing import NamedTuple
 
+import numba
 import numpy as np
 
 _LATEX = re.compile(
@@ -43,86 +46,152 @@ def _fold(text: str, latex: bool, punctuation: bool) -> str:
     return text
 
 
-# The characters beyond ASCII that str.split() splits on, as UTF-8: replaced by as many ASCII spaces.
-_UNICODE_SPACES = [0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
-_UNICODE_SPACE = re.compile(b"|".join(re.escape(chr(c).encode()) for c in _UNICODE_SPACES))
-
-
-def _encode(text: str, latex: bool, punctuation: bool) -> bytes:
-    data = _fold(text, latex, punctuation).encode()
-    return data if data.isascii() else _UNICODE_SPACE.sub(lambda m: b" " * len(m.group()), data)
-
-
 def ngrams(words: list[str], n: int) -> set[str]:
     return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
-# ------------------------------------------------------------------ vectorised n-gram hashing
+# ------------------------------------------------------------------ compiled n-gram hashing
 # Turning millions of words into Python strings and hashing them one by one is what makes the plain method
-# slow. Instead every text is encoded into one byte buffer and the words are found and hashed with numpy:
-# word boundaries where bytes <= 32 (whitespace) start or stop, each word's bytes read eight at a time through an
-# unaligned 8-byte view and mixed (splitmix64), n-grams combined from the word hashes.
+# slow. Instead a chunk of rows is encoded into one byte buffer (each row ended by NUL) and one compiled pass
+# (numba) splits it into words as str.split() does, hashes each word (FNV-1a over its bytes, then splitmix64's
+# finaliser), combines each run of n words of a row into an n-gram hash and looks that up in the index.
 
-_MULT = np.uint64(0x9E3779B97F4A7C15)
-# Whitespace to str.split() in ASCII is 9-13, 28-32: the bytes <= 32 except these control bytes.
-_CONTROL = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13, 28, 29, 30, 31))
-_LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=np.uint64)
+_FILTER_BITS = 22  # a 4M-bit presence table in front of the sorted index: most lookups stop there
+# What each byte is to the scan: part of a word, ASCII whitespace to str.split() (9-13, 28-32; the other
+# control bytes belong to words), the row separator, or a lead byte of a multi-byte character that may be
+# whitespace.
+_WORD, _SPACE, _ROW_END, _MAYBE_SPACE = 0, 1, 2, 3
+_KIND = np.zeros(256, dtype=np.uint8)
+_KIND[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = _SPACE
+_KIND[0] = _ROW_END
+_KIND[[0xC2, 0xE1, 0xE2, 0xE3]] = _MAYBE_SPACE
+_LOWER = np.arange(256, dtype=np.uint8)  # bytes.lower(): ASCII letters only (other rows were str.lower()ed)
+_LOWER[65:91] += 32
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: every input bit affects every output bit."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
+@numba.njit(cache=True, nogil=True)
+def _unicode_space(data: np.ndarray, i: int) -> int:
+    """Length of the UTF-8 encoded non-ASCII whitespace character that starts at data[i] (U+0085, U+00A0,
+    U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000: what str.split() splits on), else 0."""
+    lead = data[i]
+    if lead == 0xC2 and i + 1 < len(data):
+        return 2 if data[i + 1] == 0x85 or data[i + 1] == 0xA0 else 0
+    if i + 2 >= len(data):
+        return 0
+    second, third = data[i + 1], data[i + 2]
+    if lead == 0xE2 and second == 0x80:
+        return 3 if third <= 0x8A or third == 0xA8 or third == 0xA9 or third == 0xAF else 0
+    matched = (lead == 0xE1 and second == 0x9A and third == 0x80) or (
+        lead == 0xE2 and second == 0x81 and third == 0x9F
+    )
+    return 3 if matched or (lead == 0xE3 and second == 0x80 and third == 0x80) else 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _scan(data: np.ndarray, rows: int, n: int, present: np.ndarray, index: np.ndarray,
+          keep_all: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+    """The n-grams of `rows` NUL-terminated rows in data (bytes,) uint8: every one (keep_all), or only those
+    in the index (sorted hashes, with the presence table over their top bits). Returns their hashes (G,)
+    uint64, their rows (G,), the words per row (rows,) and the number of rows seen (more than `rows` when a
+    row held a NUL).
+
+    A word's bytes are packed eight to a 64-bit chunk, each full chunk mixed into its hash (splitmix64's
+    finaliser), the length last; an n-gram's hash is a polynomial in its word hashes (base M, mod 2^64),
+    updated in O(1) as the window slides, then mixed."""
+    hashes = np.empty(len(data) // 2 + 1, dtype=np.uint64)
+    owners = np.empty(len(data) // 2 + 1, dtype=np.int64)
+    per_row = np.zeros(rows, dtype=np.int64)
+    ring = np.zeros(n, dtype=np.uint64)  # the row's last n word hashes
+    base = np.uint64(0x9E3779B97F4A7C15)
+    top = np.uint64(1)  # base^(n-1): the weight of the oldest word in the window
+    for _ in range(n - 1):
+        top *= base
+    found, row, words, slot, length, i = 0, 0, 0, 0, 0, 0
+    h, chunk, shift, window = np.uint64(0), np.uint64(0), np.uint64(0), np.uint64(0)
+    while i < len(data):
+        byte = data[i]
+        kind = _KIND[byte]
+        width = 1
+        if kind == _MAYBE_SPACE:
+            width = max(1, _unicode_space(data, i))
+            kind = _SPACE if width > 1 else _WORD
+        i += width
+        if kind == _WORD:
+            chunk |= np.uint64(_LOWER[byte]) << shift
+            shift += np.uint64(8)
+            length += 1
+            if shift == 64:
+                h, chunk, shift = _mix(h ^ chunk), np.uint64(0), np.uint64(0)
+            continue
+        if length:  # a word ends: its hash, then the n-gram it completes
+            word = _mix(h ^ chunk ^ (np.uint64(length) * base))
+            window = (window - ring[slot] * top) * base + word if words >= n else window * base + word
+            ring[slot] = word
+            slot = slot + 1 if slot + 1 < n else 0
+            words += 1
+            h, chunk, shift, length = np.uint64(0), np.uint64(0), np.uint64(0), 0
+            if words >= n:
+                g = _mix(window)
+                bit = g >> np.uint64(64 - _FILTER_BITS)
+                if not keep_all and (present[bit >> np.uint64(3)] >> (bit & np.uint64(7))) & 1:
+                    where = np.searchsorted(index, g)
+                    keep = where < len(index) and index[where] == g
+                else:
+                    keep = keep_all
+                if keep:
+                    hashes[found], owners[found] = g, row
+                    found += 1
+        if kind == _ROW_END:
+            if row < rows:
+                per_row[row] = words
+            row, words, slot, window = row + 1, 0, 0, np.uint64(0)
+    return hashes[:found], owners[:found], per_row, row
+
+
+@numba.njit(cache=True, nogil=True)
+def _mix(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser: every input bit moves every output bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
 
-def _word_ids(texts: list[str], latex: bool, punctuation: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A 64-bit hash of every word of every normalised text, the row it belongs to, and the words per row."""
+def _scan_rows(texts: list[str], n: int, latex: bool, punctuation: bool, present: np.ndarray, index: np.ndarray,
+               keep_all: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """`_scan` over normalised texts: (n-gram hashes (G,), their rows (G,) in row order, words per row (R,)).
+
+    The buffer holds the ASCII rows first, then the others (lowercased with str.lower(); the scan lowercases
+    ASCII letters): joining and encoding all-ASCII text is a memory copy, while one non-ASCII row makes the
+    whole joined string slow to build and encode. A NUL inside a row (rare) becomes 0xFF, a byte UTF-8 never
+    uses: it stays part of its word, as in str.split(), and cannot be confused with any other text."""
     if latex or punctuation:
-        encoded = [_encode(t, latex, punctuation) for t in texts]
-    else:  # open-r1's normalisation: ASCII rows need nothing before the byte-level pass
-        encoded = [t.encode() if t.isascii() else _encode(t, False, False) for t in texts]
-    data = b" " + b" ".join(encoded).lower() + b" " * 9  # bytes.lower(): ASCII letters only, fast
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    space = buffer <= 32
-    if len(data.translate(None, _CONTROL)) != len(data):  # rare: control bytes that are not whitespace
-        space[np.isin(buffer, np.frombuffer(_CONTROL, dtype=np.uint8))] = False
-    edges = np.flatnonzero(space[1:] != space[:-1]) + 1  # alternating word starts and ends
-    starts, lengths = edges[0::2], edges[1::2] - edges[0::2]  # (W,)
-    eight = np.ndarray((len(buffer) - 7,), dtype="<u8", buffer=data, strides=(1,))  # bytes i..i+7 as one int
-    with np.errstate(over="ignore"):  # wrap-around multiplication is the hash
-        ids = _mix((eight[starts] & _LOW_BYTES[np.minimum(lengths, 8)]) ^ (lengths.astype(np.uint64) * _MULT))
-        long = np.flatnonzero(lengths > 8)
-        offset = 8
-        while len(long):  # words longer than 8 bytes: fold in their next 8 bytes
-            chunk = eight[starts[long] + offset] & _LOW_BYTES[np.minimum(lengths[long] - offset, 8)]
-            ids[long] = _mix(ids[long] ^ chunk)
-            offset += 8
-            long = long[lengths[long] > offset]
-    # Where each row starts in `data`, and where the last one ends.
-    row_starts = np.zeros(len(encoded) + 1, dtype=np.int64)
-    row_starts[1:] = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)) + 1
-    row_starts = np.cumsum(row_starts) + 1
-    first_word = np.searchsorted(starts, row_starts)  # (R + 1,)
-    words_per_row = np.diff(first_word)  # (R,)
-    return ids, np.repeat(np.arange(len(texts)), words_per_row), words_per_row
+        texts = [_fold(t, latex, punctuation) for t in texts]  # non-ASCII rows come back lowercased
+    is_ascii = list(map(str.isascii, texts))
+    plain = list(compress(texts, is_ascii))
+    others = list(compress(texts, map(operator.not_, is_ascii)))
+    if not (latex or punctuation):
+        others = list(map(str.lower, others))
+    flags = np.array(is_ascii, dtype=np.bool_)
+    order = np.concatenate([np.flatnonzero(flags), np.flatnonzero(~flags)])  # buffer row -> row
+    data = b"".join("\x00".join([*group, ""]).encode() for group in (plain, others) if group)  # fmt: skip
+    hashes, owners, per_row, seen = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index,
+                                          keep_all)  # fmt: skip
+    if seen != len(texts):  # a row held a NUL
+        data = b"".join(t.encode().replace(b"\x00", b"\xff") + b"\x00" for t in plain + others)
+        hashes, owners, per_row, _ = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index,
+                                           keep_all)  # fmt: skip
+    owners = order[owners]
+    by_row = np.argsort(owners, kind="stable")  # a row's n-grams stay in text order
+    words_per_row = np.empty_like(per_row)
+    words_per_row[order] = per_row
+    return hashes[by_row], owners[by_row], words_per_row
 
 
-def _ngram_hashes(ids: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """64-bit hashes of every n-gram that lies within one row, and that row."""
-    if len(ids) < n:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    count = len(ids) - n + 1
-    h = np.zeros(count, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in range(n):
-            h ^= ids[k : k + count]
-            h *= _MULT
-            h += np.uint64(k + 1)
-    same_row = rows[:count] == rows[n - 1 : n - 1 + count]
-    return h[same_row], rows[:count][same_row]
+def ngram_hashes(texts: list[str], n: int, latex: bool = True,
+                 punctuation: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """64-bit hashes of every word n-gram of every normalised text (n = 1: of every word), their rows (in row
+    order), and the words per row."""
+    return _scan_rows(texts, n, latex, punctuation, np.zeros(1, np.uint8), np.zeros(1, np.uint64), True)
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -139,8 +208,7 @@ def number_precision(train: str, item: str) -> float:
     return sum(min(count, pool[n]) for n, count in Counter(mine).items()) / len(mine)
 
 
-@dataclass(frozen=True)
-class Overlap:
+class Overlap(NamedTuple):  # a tuple: thousands are made per call, and a frozen dataclass is slow to build
     item: int  # index of the benchmark item sharing the most n-grams (-1: none)
     shared: int  # distinct n-grams shared with it
     coverage: float  # shared / that item's distinct n-grams
@@ -151,41 +219,32 @@ NO_OVERLAP = Overlap(-1, 0, 0.0, False)
 
 
 class BenchmarkIndex:
-    _FILTER_BITS = 22  # a 4M-slot presence table in front of the sorted index: most lookups stop there
-
     def __init__(self, texts: list[str], n: int = 8, latex: bool = True, punctuation: bool = True) -> None:
         self.n, self.latex, self.punctuation = n, latex, punctuation
-        ids, rows, _ = _word_ids(texts, latex, punctuation)
-        hashes, owners = _ngram_hashes(ids, rows, n)
+        hashes, owners, _ = ngram_hashes(texts, n, latex, punctuation)
         # Distinct (n-gram, item) pairs.
         pairs = np.unique(np.stack([hashes, owners.astype(np.uint64)], axis=1), axis=0)
         self.hashes, self.owners = pairs[:, 0], pairs[:, 1].astype(np.int64)  # sorted by hash
         self.sizes = np.bincount(self.owners, minlength=len(texts))  # distinct n-grams per item
-        self.present = np.zeros(1 << self._FILTER_BITS, dtype=bool)
-        self.present[self.hashes >> np.uint64(64 - self._FILTER_BITS)] = True
+        present = np.zeros(1 << _FILTER_BITS, dtype=np.bool_)
+        present[self.hashes >> np.uint64(64 - _FILTER_BITS)] = True
+        self.present = np.packbits(present, bitorder="little")  # one bit per slot: 512 KB, stays in cache
         normal = [normalize(t, latex, punctuation) for t in texts]
         # Items shorter than n words, which no n-gram can see: matched by their whole normalised text.
         self.short = {t: i for i, t in enumerate(normal) if len(t.split()) < n and t}
 
-    def _hits(self, hashes: np.ndarray) -> np.ndarray:
-        """Indices of the hashes that are in the index."""
-        maybe = np.flatnonzero(self.present[hashes >> np.uint64(64 - self._FILTER_BITS)])
-        left = np.minimum(np.searchsorted(self.hashes, hashes[maybe]), len(self.hashes) - 1)
-        return maybe[self.hashes[left] == hashes[maybe]]
-
     def _shared_ngrams(self, texts: list[str], first: int) -> tuple[np.ndarray, np.ndarray]:
         """Distinct (shared n-gram hash, row + first) pairs of a chunk of rows, and the words per row."""
-        ids, rows, words_per_row = _word_ids(texts, self.latex, self.punctuation)
-        hashes, owners = _ngram_hashes(ids, rows, self.n)  # every n-gram of every row, vectorised
-        hit = self._hits(hashes)
+        hashes, owners, words_per_row = _scan_rows(texts, self.n, self.latex, self.punctuation, self.present,
+                                                   self.hashes, False)  # fmt: skip
         return np.unique(
-            np.stack([hashes[hit], (owners[hit] + first).astype(np.uint64)], axis=1), axis=0
+            np.stack([hashes, (owners + first).astype(np.uint64)], axis=1), axis=0
         ), words_per_row
 
-    def overlaps(self, texts: list[str], chunk_rows: int = 8192, threads: int = 2) -> list[Overlap]:
+    def overlaps(self, texts: list[str], chunk_rows: int = 2048, threads: int = 2) -> list[Overlap]:
         """Per row: the benchmark item with the highest coverage (then most shared n-grams, then lowest index).
-        Chunks keep the byte arrays in cache and memory bounded; numpy releases the GIL, so a second thread
-        hashes one chunk while the first encodes the next."""
+        Chunks keep the byte arrays in cache and memory bounded; the scan releases the GIL, so a second thread
+        scans one chunk while the first encodes the next."""
         starts = range(0, len(texts), chunk_rows)
         with ThreadPoolExecutor(max(1, threads)) as pool:
             chunks = list(

@@ -6,8 +6,8 @@ import pytest
 
 from retool_cli.decontam import (
     BenchmarkIndex,
-    _word_ids,
     flagged,
+    ngram_hashes,
     ngrams,
     normalize,
     number_precision,
@@ -76,16 +76,19 @@ def test_unknown_rule() -> None:
 
 
 def test_byte_level_words_split_and_hash_like_python() -> None:
-    """The numpy word split sees what `text.lower().split()` sees: Unicode and ASCII-control whitespace, non-ASCII
-    letters, control bytes that are not whitespace, and words longer than 8 and 16 bytes."""
+    """The compiled word split sees what `text.lower().split()` sees: Unicode and ASCII-control whitespace (every
+    character Python calls whitespace), non-ASCII letters, control bytes that are not whitespace, words longer
+    than 8 and 16 bytes."""
+    spaces = [chr(c) for c in range(0x3001) if chr(c).isspace()]
     rows = [
+        "".join(f"w{i}{space}" for i, space in enumerate(spaces)) + "end",
         "Alpha\u00a0beta\u3000GAMMA\tdelta\x1cepsilon",  # NBSP, ideographic space, tab, file separator
-        "ÉCOLE naïve ŞEHİR x\x01y x\x7fy",  # non-ASCII upper case; \x01 is not whitespace
+        "ÉCOLE naïve ŞEHİR x\x01y x\x7fy x\x00y",  # non-ASCII upper case; \x01 and NUL are not whitespace
         "abcdefgh abcdefghi abcdefghijklmnopq abcdefghijklmnopr",  # 8, 9, 17 bytes; differ only in the 17th
         "",
         "   ",
     ]
-    ids, owners, per_row = _word_ids(rows, latex=False, punctuation=False)
+    ids, owners, per_row = ngram_hashes(rows, 1, latex=False, punctuation=False)
     words = [w for r in rows for w in r.lower().split()]
     assert per_row.tolist() == [len(r.lower().split()) for r in rows]
     assert owners.tolist() == [i for i, r in enumerate(rows) for _ in r.lower().split()]
