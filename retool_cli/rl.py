@@ -252,7 +252,9 @@ def _equalized(groups: list[list[int]], model: Any) -> list[list[int]]:
     return groups + [[] for _ in range(equal_count(len(groups)) - len(groups))]
 
 
-def step_metrics(batch: Batch, timings: dict) -> dict:
+def step_metrics(batch: Batch, timings: dict, device: torch.device | None = None) -> dict:
+    """What a step logs: reward components, rollout metrics, accuracy, code use, phase times, and on CUDA the
+    peak GPU memory so far."""
     trajectories, scores = batch.objects["trajectory"], batch.objects["score"]
     n = max(1, len(trajectories))
     out = {**reward_metrics(scores), **batch.meta["metrics"]}
@@ -262,6 +264,8 @@ def step_metrics(batch: Batch, timings: dict) -> dict:
     )
     out["train/used_code"] = sum(len(x.code_calls) > 0 for x in trajectories) / n
     out.update({f"time/{k}": v for k, v in timings.items()})
+    if device is not None and device.type == "cuda":
+        out["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
 
 

@@ -143,7 +143,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 stats = update(config, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
             # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
             engine.update_weights(model)
-            row = {"step": step, **step_metrics(batch, timer.times), **stats}
+            row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with full_weights(model):  # a collective under FSDP2; then rank 0 alone evaluates and writes
                     if rank == 0:
