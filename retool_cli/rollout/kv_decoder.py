@@ -14,12 +14,13 @@ On a CPU in fp32 the projections run through oneDNN with prepacked weights (q/k/
 as one), the path torch.compile's CPU backend takes for frozen linear weights
 (`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) 1.5-2x faster than `F.linear`.
 The packing is redone only after a parameter changes. Elsewhere (CUDA, bf16, LoRA layers) the model's
-own modules run.
+own linear modules run. Either way a layer is few, large ops (RMSNorm as one op, the rotary embedding of q
+and k together from a per-position table): on a GPU a decode step is bound by kernel launches, and this
+cut a 24-layer model's step on an H200 from 27.9 to 15.8 ms (benchmarks/README.md, "GPU check").
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -161,7 +162,6 @@ class KVDecoder:
         self.model = model
         self.inner = model.model
         attn = self.inner.layers[0].self_attn
-        self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.head_dim = attn.head_dim
         self.n_heads = model.config.num_attention_heads
         self.n_kv = model.config.num_key_value_heads
@@ -201,7 +201,7 @@ class KVDecoder:
         # pad queries attend to themselves too, so that no row is all-masked (NaN) in attention
         attend = (causal & mask.bool()[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
         self.length = 0
-        if self.packed and getattr(self.inner.rotary_emb, "rope_type", None) not in ("dynamic", "longrope"):
+        if getattr(self.inner.rotary_emb, "rope_type", None) not in ("dynamic", "longrope"):
             # the rotary embedding is a function of the position alone: compute it once for every position
             everywhere = torch.arange(capacity, device=device)[None]
             cos, sin = self.inner.rotary_emb(self.inner.embed_tokens.weight[:1][None], everywhere)
@@ -259,33 +259,11 @@ class KVDecoder:
         return _attention(q, keys, values, bias, scale)
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return self._forward_packed(ids, positions, bias)
-        batch, steps = ids.shape
-        start, end = self.length, self.length + steps
-        hidden = self.inner.embed_tokens(ids)  # (B, T, C)
-        cos, sin = self.inner.rotary_emb(hidden, positions)
-        for index, layer in enumerate(self.inner.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, steps, -1, self.head_dim)
-            k = attn.k_proj(x).view(batch, steps, -1, self.head_dim)
-            v = attn.v_proj(x).view(batch, steps, -1, self.head_dim).transpose(1, 2)
-            if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
-            self.keys[index][:, :, start:end] = k
-            self.values[index][:, :, start:end] = v
-            out = self._attend(index, q, end, bias, attn.scaling)
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, steps, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        self.length = end
-        return self.model.lm_head(self.inner.norm(hidden[:, -1])).float()  # (B, V)
-
-    def _forward_packed(self, ids: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """`_forward` on the prepacked weights, in fewer and larger ops (a decode step of a small model is
-        mostly per-op overhead): one GEMM for q/k/v and one for gate/up, RMSNorm as one op, the rotary
-        embedding applied to the q and k heads together."""
+        """New tokens ids (B, T) at positions (B, T) through every layer, their keys and values into the cache;
+        returns the last position's logits (B, V). Few and large ops (a decode step of a small model, or of
+        any model on a GPU, is mostly per-op overhead): RMSNorm as one op, the rotary embedding of the q and
+        k heads together from a per-position table; on a CPU in fp32 one prepacked GEMM for q/k/v and one for
+        gate/up, elsewhere the model's own linear modules (LoRA adapters included)."""
         batch, steps = ids.shape
         start, end = self.length, self.length + steps
         heads, dim = self.n_heads, self.head_dim
@@ -296,27 +274,36 @@ class KVDecoder:
             cos, sin = self.inner.rotary_emb(hidden, positions)
         cos, sin = cos[:, None], sin[:, None]
         for index, layer in enumerate(self.inner.layers):
-            attn, packed = layer.self_attn, self.packed[index]
-            qkv = _linear(_rms_norm(hidden, layer.input_layernorm), packed["qkv"])  # (B, T, (H + 2 Hkv) D)
-            qk = qkv[..., : (heads + self.n_kv) * dim].view(batch, steps, -1, dim)  # (B, T, H + Hkv, D)
+            attn, mlp = layer.self_attn, layer.mlp
+            packed = self.packed[index] if self.packed else None
+            x = _rms_norm(hidden, layer.input_layernorm)
+            if packed:
+                qkv = _linear(x, packed["qkv"])  # (B, T, (H + 2 Hkv) D)
+                qk, v = qkv[..., : (heads + self.n_kv) * dim], qkv[..., (heads + self.n_kv) * dim :]
+            else:
+                qk, v = torch.cat([attn.q_proj(x), attn.k_proj(x)], -1), attn.v_proj(x)
+            qk = qk.view(batch, steps, -1, dim)  # (B, T, H + Hkv, D)
             if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
                 qk = torch.cat(
                     [_rms_norm(qk[:, :, :heads], attn.q_norm), _rms_norm(qk[:, :, heads:], attn.k_norm)], 2
                 )
             qk = _rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
-            v = (
-                qkv[..., (heads + self.n_kv) * dim :].view(batch, steps, -1, dim).transpose(1, 2)
-            )  # (B, Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
-            self.values[index][:, :, start:end] = v
+            self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(
+                1, 2
+            )  # (B, Hkv, T, D)
             out = self._attend(index, qk[:, :heads], end, bias, attn.scaling)  # (B, H, T, D)
-            hidden = hidden + _linear(out.transpose(1, 2).reshape(batch, steps, -1), packed["o"])
-            gate, up = _linear(_rms_norm(hidden, layer.post_attention_layernorm), packed["gate_up"]).chunk(
-                2, -1
-            )
-            hidden = hidden + _linear(layer.mlp.act_fn(gate) * up, packed["down"])
+            out = out.transpose(1, 2).reshape(batch, steps, -1)
+            hidden = hidden + (_linear(out, packed["o"]) if packed else attn.o_proj(out))
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            if packed:
+                gate, up = _linear(x, packed["gate_up"]).chunk(2, -1)
+                hidden = hidden + _linear(mlp.act_fn(gate) * up, packed["down"])
+            else:
+                hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         self.length = end
-        return _linear(_rms_norm(hidden[:, -1], self.inner.norm), self.lm_head)  # (B, V)
+        last = _rms_norm(hidden[:, -1], self.inner.norm)
+        return (_linear(last, self.lm_head) if self.lm_head else self.model.lm_head(last)).float()  # (B, V)
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:

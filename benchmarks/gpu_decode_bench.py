@@ -1,0 +1,80 @@
+"""Decode step on a GPU: our `hf` engine against `model.generate` as TRL calls it, on a Qwen2.5-0.5B-shaped
+decoder built from random weights (no download), bf16, 4 prompts x 8 rows, every row run to full length;
+then the kernel launches per decode step of ours (a step of a small batch on a GPU is launch-bound).
+
+    python benchmarks/gpu_decode_bench.py [--new-tokens 128] [--layers 24] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from retool_cli.tiny import tiny_model_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=args.layers,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1e6,
+                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)  # fmt: skip
+    model = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    engine = HFEngine(model, tok, None)
+    engine.eos_ids = set()  # every row runs the full length, as min_new_tokens makes generate do
+    prompts = [
+        tok.encode(f"What is {a} * {b}? Use code.") for a, b in [(12, 34), (56, 78), (91, 23), (45, 67)]
+    ]
+    rows = [p for p in prompts for _ in range(8)]
+    new = args.new_tokens
+
+    def ours() -> float:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        engine.generate(rows, [new] * len(rows), [], Sampling(temperature=1.0, seed=0))
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    def generate() -> float:
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), tok.pad_token_id)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0)  # fmt: skip
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    times: dict[str, list[float]] = {"ours (HFEngine)": [], "model.generate": []}
+    for _ in range(args.rounds):  # alternating; the first round is warm-up
+        times["ours (HFEngine)"].append(ours())
+        times["model.generate"].append(generate())
+    for name, values in times.items():
+        median = statistics.median(values[1:] or values)
+        print(f"{name}: {median / new * 1e3:.1f} ms per step, {len(rows) * new / median:.0f} tokens/s")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.generate(rows, [32] * len(rows), [], Sampling(temperature=1.0, seed=0))
+    names = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")
+    launches = sum(e.count for e in prof.key_averages() if e.key in names)
+    print(f"ours: {launches / 32:.0f} kernel launches per decode step")
+
+
+if __name__ == "__main__":
+    main()
