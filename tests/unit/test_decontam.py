@@ -39,6 +39,15 @@ def test_coverage_and_best_item() -> None:
     assert unrelated.item == -1 and unrelated.shared == 0 and unrelated.coverage == 0.0
 
 
+def test_repeated_ngrams_count_once_and_chunks_do_not_matter() -> None:
+    index = BenchmarkIndex(BENCH, n=3)
+    rows = [BENCH[0] + " " + BENCH[0], "unrelated words here", BENCH[1][:120], BENCH[0]]
+    whole = index.overlaps(rows)
+    assert whole[0].shared == index.sizes[0] and whole[0].coverage == 1.0  # each shared 3-gram once
+    assert whole[2].item == 1 and 0 < whole[2].coverage < 1
+    assert index.overlaps(rows, chunk_rows=1, threads=1) == whole == index.overlaps(rows, chunk_rows=3)
+
+
 def test_short_problem_exact_match() -> None:
     index = BenchmarkIndex(BENCH, n=8)
     [hit, miss] = index.overlaps(["compute   $\\dbinom{9}{4}$ .", "Compute $\\dbinom{9}{5}$."])
