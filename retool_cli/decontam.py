@@ -52,9 +52,10 @@ def ngrams(words: list[str], n: int) -> set[str]:
 
 # ------------------------------------------------------------------ compiled n-gram hashing
 # Turning millions of words into Python strings and hashing them one by one is what makes the plain method
-# slow. Instead a chunk of rows is encoded into one byte buffer (each row ended by NUL) and one compiled pass
-# (numba) splits it into words as str.split() does, hashes each word (FNV-1a over its bytes, then splitmix64's
-# finaliser), combines each run of n words of a row into an n-gram hash and looks that up in the index.
+# slow. Instead a chunk of rows is encoded into one byte buffer (each row ended by NUL) and one compiled function
+# (numba) splits it into words as str.split() does, hashes each word (its bytes eight at a time, mixed with
+# splitmix64's finaliser), combines each run of n words of a row into an n-gram hash and looks that up in the
+# index.
 
 _FILTER_BITS = 22  # a 4M-bit presence table in front of the sorted index: most lookups stop there
 # What each byte is to the scan: part of a word, ASCII whitespace to str.split() (9-13, 28-32; the other
@@ -96,8 +97,7 @@ def _scan(data: np.ndarray, rows: int, n: int, present: np.ndarray, index: np.nd
     row held a NUL).
 
     Two loops: the first splits the bytes into words, packing a word's bytes eight to a 64-bit chunk and mixing
-    each full chunk into its state; the second (no data-dependent branches, so the CPU overlaps the words)
-    finishes each word's hash with its length (splitmix64's finaliser) and slides a window over each row's
+    each full chunk into its state; the second (no branch per byte, so the CPU overlaps the words) finishes each word's hash with its length (splitmix64's finaliser) and slides a window over each row's
     words: the n-gram hash is a polynomial in the word hashes (base M, mod 2^64) updated in O(1), then mixed."""
     states = np.empty(len(data) // 2 + 1, dtype=np.uint64)  # per word: its bytes' state, then its hash
     lengths = np.empty(len(data) // 2 + 1, dtype=np.uint64)

@@ -185,14 +185,13 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
     t = cfg.trainer
     device = next(model.parameters()).device
     trajectories = micro.objects["trajectory"]
+    prompt_lens = [len(x.prompt_ids) for x in trajectories]
     logp, _, entropy = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
                                          bf16_autocast=t.bf16_autocast,
                                          entropy="loss" if t.entropy_coef > 0 else "metric",
-                                         prompt_lens=[len(x.prompt_ids) for x in trajectories])  # (B, L-1)  # fmt: skip
+                                         prompt_lens=prompt_lens)  # (B, L-1)  # fmt: skip
     width = logp.shape[1]
-    mask = response_mask_matrix(
-        [len(x.prompt_ids) for x in trajectories], micro.objects["mask"], width, device
-    )
+    mask = response_mask_matrix(prompt_lens, micro.objects["mask"], width, device)
     old = micro.objects.get("old_logprobs")
     old_logp = logp.detach() if old is None else _stack(old, width, device)
     loss, loss_stats = policy_loss(

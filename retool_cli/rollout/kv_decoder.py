@@ -267,7 +267,10 @@ class KVDecoder:
         batch, steps = ids.shape
         start, end = self.length, self.length + steps
         heads, dim = self.n_heads, self.head_dim
-        hidden = F.embedding(ids, self.inner.embed_tokens.weight)  # (B, T, C)
+        # (B, T, C); through the module where its weights are not plain (a LoRA adapter may wrap it)
+        hidden = (
+            F.embedding(ids, self.inner.embed_tokens.weight) if self.packed else self.inner.embed_tokens(ids)
+        )
         if self.rope_table is not None:
             cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]  # (B, T, D) each
         else:
@@ -289,9 +292,7 @@ class KVDecoder:
                 )
             qk = _rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
-            self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(
-                1, 2
-            )  # (B, Hkv, T, D)
+            self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(1, 2)  # fmt: skip
             out = self._attend(index, qk[:, :heads], end, bias, attn.scaling)  # (B, H, T, D)
             out = out.transpose(1, 2).reshape(batch, steps, -1)
             hidden = hidden + (_linear(out, packed["o"]) if packed else attn.o_proj(out))
