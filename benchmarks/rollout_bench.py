@@ -31,15 +31,22 @@ def load_baseline_builders(bench_dir: Path):
 
 
 def trl_style_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, seed: int) -> int:
-    """What TRL does without vLLM: repeat each prompt per generation, left-pad, one `generate` call."""
+    """What TRL's GRPOTrainer does without vLLM (trl 1.x `_generate_single_turn`): repeat each prompt per
+    generation, left-pad, one `generate` call under `torch.no_grad()` with the model in training mode."""
     from transformers import GenerationConfig
 
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left")
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                              disable_compile=True)  # fmt: skip
     torch.manual_seed(seed)
-    with torch.inference_mode():
-        out = model.generate(**batch, generation_config=config, disable_compile=True)
+    was_training = model.training
+    model.train()
+    try:
+        with torch.no_grad():
+            out = model.generate(**batch, generation_config=config)
+    finally:
+        model.train(was_training)
     completions = out[:, batch["input_ids"].shape[1] :]
     return int((completions != tokenizer.pad_token_id).sum())
 
