@@ -61,8 +61,9 @@ def load_policy(cfg: ModelConfig, source: str | None = None, gradient_checkpoint
     from dataclasses import replace
 
     model = load_model(replace(cfg, name_or_path=source or cfg.name_or_path))
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if gradient_checkpointing:  # newer transformers name it activation checkpointing; the old name warns
+        enable = getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
+        enable()
         if cfg.lora_rank:  # frozen embeddings: make their output require grad so checkpointed blocks backprop
             model.enable_input_require_grads()
     if cfg.lora_rank:
