@@ -95,7 +95,9 @@ class ModelConfig:
     """The policy model."""
 
     name_or_path: str = "tiny"  # HF id, local folder, or "tiny" (random-init model built offline)
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16; auto = bf16 on CUDA, fp32 on CPU
+    # auto | float32 | bfloat16 | float16; auto = bf16 on CUDA, fp32 on CPU; except that `sft` and `train` on CUDA
+    # turn auto into fp32 weights under bf16 autocast (mixed precision: AdamW must update fp32 weights)
+    dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda; auto = cuda when available
     max_context_tokens: int = 4096  # prompt + response budget of one trajectory
     # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
@@ -133,7 +135,7 @@ class RolloutConfig:
     # Weights the engine generates with: auto = the policy's own (hf: shared with the trainer, nothing to
     # copy); float32 | bfloat16 | float16 = a copy in that dtype, refreshed after each optimizer step
     # (e.g. bfloat16 sampling next to an fp32 trainer, as vLLM-based recipes do; the trainer recomputes
-    # the logprobs it trains on in its own precision).
+    # the logprobs it trains on in its own precision). vLLM: its dtype; auto = model.dtype, bfloat16 for auto.
     dtype: str = "auto"
     group_size: int = 8  # samples per question (GRPO group)
     temperature: float = 1.0
@@ -243,6 +245,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% more time)
     bf16_autocast: bool = False  # mixed precision: forward passes under torch.autocast(bfloat16) over fp32
     # weights (keep model.dtype=float32); CUDA, or CPUs with AVX512-BF16/AMX. Also used by `retool sft`.
+    # model.dtype=auto on CUDA turns it on (see ModelConfig.dtype).
     tensorboard: bool = False  # also log to RUN/tensorboard (needs the tensorboard extra)
     wandb_project: str | None = None  # also log to this W&B project (needs the wandb extra)
     train_file: str | None = None  # a prepared train.jsonl; None = build from the `data` section in memory
@@ -502,9 +505,11 @@ class RetoolConfig:
     ckpt: str | None = None
 
     def __post_init__(self) -> None:
-        _check(not (self.trainer.fsdp and (self.model.lora_rank or self.rollout.dtype != "auto")), "trainer.fsdp",
-               "LoRA (model.lora_rank) and rollout.dtype are not supported with FSDP2 yet; use data parallel "
-               "(trainer.fsdp=false) for them")  # fmt: skip
+        # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
+        hf_copy = self.rollout.engine is Engine.hf and self.rollout.dtype != "auto"
+        _check(not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)), "trainer.fsdp",
+               "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
+               "use data parallel (trainer.fsdp=false) for them")  # fmt: skip
 
 
 def register_configs() -> None:

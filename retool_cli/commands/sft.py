@@ -11,7 +11,7 @@ import torch
 
 from retool_cli.config import RetoolConfig
 from retool_cli.data import load_jsonl, prepare_dataset
-from retool_cli.modeling import load_policy, load_tokenizer
+from retool_cli.modeling import load_policy, load_tokenizer, training_precision
 from retool_cli.protocol import build_protocol
 from retool_cli.traces import message_traces, synthetic_traces
 from retool_cli.trainer import (
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
+    config = training_precision(config)
     cfg = config.sft
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)

@@ -32,7 +32,7 @@ from retool_cli.evaluation import (
     sample_problems,
     summarize,
 )
-from retool_cli.modeling import load_policy, load_tokenizer
+from retool_cli.modeling import load_policy, load_tokenizer, training_precision
 from retool_cli.protocol import build_protocol
 from retool_cli.reward import Verifier
 from retool_cli.rl import Timer, collect, step_metrics, update
@@ -98,6 +98,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             config = replace(
                 config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}")
             )
+    config = training_precision(config)
     out_dir = run_dir
     if t.resume == "auto":
         out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl")

@@ -142,3 +142,17 @@ def test_fsdp2_two_processes_checkpoint_and_resume(sft_run: Path, tmp_path: Path
     (run / "final.txt").unlink()
     run_retool(*args, cwd=tmp_path, check=True)
     assert comparable(metrics_of(run)) == whole
+
+
+def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path, tmp_path: Path) -> None:
+    """The GPU recipe's combination (FSDP2 + activation checkpointing): the same metrics, gradient norms
+    included, as FSDP2 without checkpointing, on 2 CPU processes."""
+    runs = {}
+    for checkpointing in ("true", "false"):
+        run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.nproc=2", "trainer.fsdp=true",
+                   f"trainer.gradient_checkpointing={checkpointing}", f"trainer.init_from={sft_run}",
+                   "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48",
+                   f"hydra.run.dir=run_{checkpointing}", cwd=tmp_path, check=True)  # fmt: skip
+        runs[checkpointing] = comparable(metrics_of(tmp_path / f"run_{checkpointing}"))
+    assert any(row["train/grad_norm"] > 0 for row in runs["true"])
+    assert runs["true"] == runs["false"]

@@ -1,0 +1,68 @@
+"""Training precision: AdamW updates fp32 weights unless the user asks otherwise; vLLM samples in bf16."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+
+from retool_cli.config import Engine, RetoolConfig
+from retool_cli.errors import ConfigError
+from retool_cli.modeling import training_precision
+from retool_cli.rollout import vllm_dtype
+
+
+def config(**model) -> RetoolConfig:
+    cfg = RetoolConfig()
+    return replace(cfg, model=replace(cfg.model, **model))
+
+
+def with_engine(cfg: RetoolConfig, engine: Engine) -> RetoolConfig:
+    return replace(cfg, rollout=replace(cfg.rollout, engine=engine))
+
+
+def test_auto_on_a_cpu_trains_fp32_as_configured(caplog) -> None:
+    cfg = config(device="cpu", dtype="auto")
+    with caplog.at_level(logging.WARNING):
+        assert training_precision(cfg) == cfg
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("engine, rollout_dtype", [(Engine.hf, "auto"), (Engine.vllm, "bfloat16")])
+def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: Engine, rollout_dtype: str) -> None:
+    # Only the device lookup is faked: the function under test reads the config and torch.cuda.is_available.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    resolved = training_precision(with_engine(config(device="auto", dtype="auto"), engine))
+    assert resolved.model.dtype == "float32"
+    assert resolved.trainer.bf16_autocast
+    assert resolved.rollout.dtype == rollout_dtype  # hf shares the fp32 policy; vLLM keeps sampling in bf16
+    assert vllm_dtype(resolved) == ("bfloat16" if engine is Engine.vllm else "float32")
+
+
+def test_explicit_bf16_training_is_kept_but_warned_about(caplog) -> None:
+    cfg = config(device="cpu", dtype="bfloat16")
+    with caplog.at_level(logging.WARNING):
+        assert training_precision(cfg) == cfg
+    assert any(
+        "model.dtype=bfloat16" in r.getMessage() and "are lost" in r.getMessage() for r in caplog.records
+    )
+
+
+@pytest.mark.parametrize(
+    "model_dtype, rollout_dtype, expected",
+    [("auto", "auto", "bfloat16"), ("float32", "auto", "float32"), ("auto", "float16", "float16"),
+     ("bfloat16", "auto", "bfloat16")],
+)  # fmt: skip
+def test_vllm_dtype(model_dtype: str, rollout_dtype: str, expected: str) -> None:
+    cfg = config(dtype=model_dtype)
+    assert vllm_dtype(replace(cfg, rollout=replace(cfg.rollout, dtype=rollout_dtype))) == expected
+
+
+def test_fsdp_refuses_only_the_hf_engines_weight_copy() -> None:
+    cfg = RetoolConfig()
+    trainer = replace(cfg.trainer, fsdp=True)
+    replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.vllm, dtype="bfloat16"))  # fine
+    with pytest.raises(ConfigError, match="trainer.fsdp"):
+        replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.hf, dtype="bfloat16"))
