@@ -4,8 +4,10 @@ Written against vLLM's public API of the 0.10/0.11 series: `vllm.LLM(model, dtyp
 gpu_memory_utilization, enable_sleep_mode, worker_extension_cls)`, `LLM.generate` with
 `TokensPrompt(prompt_token_ids=...)` and one `SamplingParams` per request (`max_tokens`, `stop`,
 `include_stop_str_in_output`, `logprobs=0`, `seed`), `LLM.collective_rpc` to reach the workers,
-and `LLM.sleep(level=1)` / `LLM.wake_up()`. It is imported only when selected; it cannot run on a
-machine without a GPU, and is not exercised by the CPU test suite.
+`LLM.sleep(level=1)` / `LLM.wake_up()`, and `distributed_executor_backend="external_launcher"` for one
+engine per torchrun process (as TRL's colocate mode builds it, trl/generation/vllm_generation.py). It
+is imported only when selected; it cannot run on a machine without a GPU, and is not exercised by the
+CPU test suite.
 
 Token-in, token-out: prompts go in as ids, the sampled ids and their logprobs come back as they were.
 """
@@ -46,7 +48,7 @@ class VLLMEngine:
         self.llm = vllm.LLM(
             model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_mode, max_model_len=max_model_len, enable_prefix_caching=True,
-            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+            worker_extension_cls=f"{__name__}.WeightSyncExtension", **_per_process_engine(),
         )  # fmt: skip
 
     def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
@@ -83,6 +85,18 @@ class VLLMEngine:
     def wake_up(self) -> None:
         if self.sleep_mode:
             self.llm.wake_up()
+
+
+def _per_process_engine() -> dict[str, Any]:
+    """Under torchrun (`trainer.nproc` > 1) each training process gets its own engine on its own GPU: vLLM
+    runs inside the process that torchrun's RANK / LOCAL_RANK / WORLD_SIZE describe ("external_launcher",
+    as TRL's colocate mode does) instead of starting a worker that would take the first visible GPU in
+    every process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return {"distributed_executor_backend": "external_launcher"}
+    return {}
 
 
 def _to_generation(completion: Any) -> Generation:

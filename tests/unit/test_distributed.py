@@ -85,3 +85,23 @@ def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool) -> N
         assert torch.allclose(weight, b["weights"][name], atol=1e-6), name
         moved += not torch.allclose(weight, initial[name], atol=1e-5)
     assert moved > len(initial) // 2  # the update did something, and did the same thing
+
+
+def engine_arguments(rank: int, world: int, init_file: str, out: str) -> None:
+    from retool_cli.rollout.vllm_engine import _per_process_engine
+
+    if world > 1:
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+        )
+    Path(f"{out}.{rank}").write_text(repr(_per_process_engine()))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_each_torchrun_process_gets_its_own_vllm_engine(tmp_path: Path, world: int) -> None:
+    """vLLM's own worker would take the first visible GPU in every process; under torchrun it must run in
+    the process (external_launcher), as TRL's colocate mode does. Checked without vLLM: its arguments."""
+    out = str(tmp_path / "args")
+    mp.spawn(engine_arguments, args=(world, str(tmp_path / "init"), out), nprocs=world)
+    expected = "{'distributed_executor_backend': 'external_launcher'}" if world > 1 else "{}"
+    assert [Path(f"{out}.{rank}").read_text() for rank in range(world)] == [expected] * world
