@@ -140,8 +140,10 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             timer = Timer()
             with timer("rollout_s"), full_weights(model):
                 batch, cursor = collect(config, examples, cursor, step, engine, protocol, sandbox, verifier)
+            engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
                 stats = update(config, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
+            engine.wake_up()
             # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
             engine.update_weights(model)
             row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}

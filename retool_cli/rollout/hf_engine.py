@@ -58,6 +58,13 @@ class HFEngine:
         if self.copied:
             self.model.load_state_dict(policy.state_dict())
 
+    def sleep(self) -> None:
+        """Nothing to release between rollouts: the cache lives only inside `generate` (vLLM's engine frees
+        its memory here)."""
+
+    def wake_up(self) -> None:
+        """See `sleep`."""
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
