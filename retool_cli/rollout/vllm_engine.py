@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from retool_cli.errors import ConfigError
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
@@ -45,6 +47,7 @@ class VLLMEngine:
         vllm = _import_vllm()
         self._vllm = vllm
         self.sleep_mode = sleep_mode
+        self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
         self.llm = vllm.LLM(
             model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_mode, max_model_len=max_model_len, enable_prefix_caching=True,
@@ -71,11 +74,12 @@ class VLLMEngine:
     def update_weights(self, policy: Any) -> None:
         """After an optimizer step: copy the trainer's weights into the engine, without a restart (a LoRA
         policy's adapters merged in, under the base model's names; an FSDP2 policy's shards gathered)."""
-        from retool_cli.distributed import gathered_state_dict
+        from retool_cli.distributed import weight_chunks
         from retool_cli.modeling import is_lora, merged_state_dict
 
-        state_dict = merged_state_dict(policy) if is_lora(policy) else gathered_state_dict(policy)
-        self.llm.collective_rpc("load_named_tensors", args=(list(state_dict.items()),))
+        state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
+        for chunk in weight_chunks(state.items(), self.dtype):  # in the engine's dtype, ~1 GiB at a time
+            self.llm.collective_rpc("load_named_tensors", args=(chunk,))
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     def sleep(self) -> None:
