@@ -69,6 +69,12 @@ def periodic_eval(
             "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
 
 
+def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager:
+    """The hf engine decodes with the policy's own modules: under FSDP2 their weights are all-gathered for it.
+    vLLM keeps its own copy (synced after each step), so the trainer's shards stay sharded."""
+    return contextlib.nullcontext() if config.rollout.engine is Engine.vllm else full_weights(model)
+
+
 def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
     """The policy to train and where its weights came from. A checkpoint's weights are complete (LoRA merged
     in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
@@ -138,7 +144,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         task = progress.add_task("train", total=t.total_steps, completed=start)
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
-            with timer("rollout_s"), full_weights(model):
+            with timer("rollout_s"), weights_for(config, model):
                 batch, cursor = collect(config, examples, cursor, step, engine, protocol, sandbox, verifier)
             engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
@@ -148,7 +154,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             engine.update_weights(model)
             row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
-                with full_weights(model):  # a collective under FSDP2; then rank 0 alone evaluates and writes
+                with weights_for(config, model):  # a collective; then rank 0 alone evaluates and writes
                     if rank == 0:
                         row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
                                                  engine, protocol, sandbox, verifier))  # fmt: skip
