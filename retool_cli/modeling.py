@@ -38,8 +38,11 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
     (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
     `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and a vLLM engine
     with `rollout.dtype=auto` samples in bfloat16 as before; an explicit bfloat16/float16 `model.dtype`
-    trains those weights as they are, with a warning. Eval and sampling-only commands keep `auto` = bf16."""
+    trains those weights as they are, with a warning. LoRA runs keep the base in `model.dtype` (frozen).
+    Eval and sampling-only commands keep `auto` = bf16."""
     model, trainer, rollout = config.model, config.trainer, config.rollout
+    if model.lora_rank:  # only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
+        return config
     device = resolve_device(model.device)
     if model.dtype == "auto" and device.type == "cuda":
         log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")

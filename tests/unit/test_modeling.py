@@ -50,6 +50,17 @@ def test_explicit_bf16_training_is_kept_but_warned_about(caplog) -> None:
     )
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_lora_keeps_the_frozen_base_as_configured(monkeypatch, caplog, cuda: bool) -> None:
+    """Only the adapters train, and peft keeps them in fp32 over a bf16 base: no fp32 base, no warning."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    for dtype in ("auto", "bfloat16"):
+        cfg = config(device="auto", dtype=dtype, lora_rank=8)
+        with caplog.at_level(logging.WARNING):
+            assert training_precision(cfg) == cfg
+    assert not caplog.records
+
+
 @pytest.mark.parametrize(
     "model_dtype, rollout_dtype, expected",
     [("auto", "auto", "bfloat16"), ("float32", "auto", "float32"), ("auto", "float16", "float16"),
