@@ -10,6 +10,8 @@ is imported only when selected; it cannot run on a machine without a GPU, and is
 CPU test suite.
 
 Token-in, token-out: prompts go in as ids, the sampled ids and their logprobs come back as they were.
+The logprobs are vLLM's default ("raw", before temperature; the hf engine's are after it): trajectories
+record them, the trainer recomputes its own.
 """
 
 from __future__ import annotations
