@@ -36,18 +36,20 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
     """The precision `sft` and `train` train in. AdamW must update fp32 weights: an update smaller than half
     a weight's bfloat16 spacing rounds away, and at RL learning rates (1e-6) that is almost every update
     (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
-    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and a vLLM engine
-    with `rollout.dtype=auto` samples in bfloat16 as before; an explicit bfloat16/float16 `model.dtype`
+    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and the engine
+    with `rollout.dtype=auto` samples in bfloat16 as before (vLLM; hf from a bf16 copy, except under FSDP2); an explicit bfloat16/float16 `model.dtype`
     trains those weights as they are, with a warning. LoRA runs keep the base in `model.dtype` (frozen).
     Eval and sampling-only commands keep `auto` = bf16."""
     model, trainer, rollout = config.model, config.trainer, config.rollout
-    if model.lora_rank:  # only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
+    if (
+        model.lora_rank
+    ):  # only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
         return config
     device = resolve_device(model.device)
     if model.dtype == "auto" and device.type == "cuda":
         log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
-        if rollout.engine is Engine.vllm and rollout.dtype == "auto":
-            rollout = replace(rollout, dtype="bfloat16")
+        if rollout.dtype == "auto" and (rollout.engine is Engine.vllm or not trainer.fsdp):
+            rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
         return replace(config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True),
                        rollout=rollout)  # fmt: skip
     if resolve_dtype(model.dtype, device) != torch.float32:

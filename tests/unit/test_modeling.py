@@ -30,15 +30,20 @@ def test_auto_on_a_cpu_trains_fp32_as_configured(caplog) -> None:
     assert not caplog.records
 
 
-@pytest.mark.parametrize("engine, rollout_dtype", [(Engine.hf, "auto"), (Engine.vllm, "bfloat16")])
-def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: Engine, rollout_dtype: str) -> None:
+@pytest.mark.parametrize(
+    "engine, fsdp, rollout_dtype",
+    [(Engine.hf, False, "bfloat16"), (Engine.hf, True, "auto"), (Engine.vllm, False, "bfloat16"),
+     (Engine.vllm, True, "bfloat16")],
+)  # fmt: skip
+def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: Engine, fsdp: bool, rollout_dtype: str) -> None:
     # Only the device lookup is faked: the function under test reads the config and torch.cuda.is_available.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    resolved = training_precision(with_engine(config(device="auto", dtype="auto"), engine))
+    cfg = with_engine(config(device="auto", dtype="auto"), engine)
+    resolved = training_precision(replace(cfg, trainer=replace(cfg.trainer, fsdp=fsdp)))
     assert resolved.model.dtype == "float32"
     assert resolved.trainer.bf16_autocast
-    assert resolved.rollout.dtype == rollout_dtype  # hf shares the fp32 policy; vLLM keeps sampling in bf16
-    assert vllm_dtype(resolved) == ("bfloat16" if engine is Engine.vllm else "float32")
+    # sampling stays in bf16: vLLM's own, the hf engine's bf16 copy (sharing the fp32 policy under FSDP2)
+    assert resolved.rollout.dtype == rollout_dtype
 
 
 def test_explicit_bf16_training_is_kept_but_warned_about(caplog) -> None:
