@@ -41,9 +41,8 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
     trains those weights as they are, with a warning. LoRA runs keep the base in `model.dtype` (frozen).
     Eval and sampling-only commands keep `auto` = bf16."""
     model, trainer, rollout = config.model, config.trainer, config.rollout
-    if (
-        model.lora_rank
-    ):  # only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
+    # LoRA: only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
+    if model.lora_rank:
         return config
     device = resolve_device(model.device)
     if model.dtype == "auto" and device.type == "cuda":
