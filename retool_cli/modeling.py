@@ -36,10 +36,10 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
     """The precision `sft` and `train` train in. AdamW must update fp32 weights: an update smaller than half
     a weight's bfloat16 spacing rounds away, and at RL learning rates (1e-6) that is almost every update
     (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
-    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and the engine
-    with `rollout.dtype=auto` samples in bfloat16 as before (vLLM; hf from a bf16 copy, except under FSDP2); an explicit bfloat16/float16 `model.dtype`
-    trains those weights as they are, with a warning. LoRA runs keep the base in `model.dtype` (frozen).
-    Eval and sampling-only commands keep `auto` = bf16."""
+    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and with
+    `rollout.dtype=auto` the engine still samples in bfloat16 (vLLM in its own dtype; hf from a bf16 copy,
+    except under FSDP2). An explicit bfloat16/float16 `model.dtype` trains those weights as they are, with
+    a warning. LoRA runs keep the frozen base in `model.dtype`. Eval and sampling keep `auto` = bf16."""
     model, trainer, rollout = config.model, config.trainer, config.rollout
     # LoRA: only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
     if model.lora_rank:
