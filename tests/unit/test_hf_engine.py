@@ -122,3 +122,19 @@ def test_sampler_draws_from_the_filtered_distribution() -> None:
     assert set(top_p.tolist()) == {0}  # p(0) = 0.52 already reaches 0.5
     first = _sample(logits, Sampling(), torch.Generator().manual_seed(3))[0]
     assert torch.equal(first, _sample(logits, Sampling(), torch.Generator().manual_seed(3))[0])
+
+
+def test_the_cast_copy_never_duplicates_a_parameter_in_its_own_dtype(monkeypatch) -> None:
+    """rollout.dtype=bfloat16 next to an fp32 policy: the copy is made in bf16 directly (a deepcopy first
+    would hold a second fp32 model: 28 GB more at 7B)."""
+    from retool_cli.rollout.hf_engine import _cast_copy
+
+    model = tiny_model("qwen2")
+
+    def refuse(self, memo):
+        raise AssertionError("a parameter was deep-copied in its own dtype")
+
+    monkeypatch.setattr(torch.nn.Parameter, "__deepcopy__", refuse)
+    copied = _cast_copy(model, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copied.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())

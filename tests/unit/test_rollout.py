@@ -308,6 +308,15 @@ def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenize
     engine = build_engine(cfg, model, tokenizer)
     assert engine.model is not model and next(engine.model.parameters()).dtype == torch.bfloat16
     assert next(model.parameters()).dtype == torch.float32
+    # the copy, cast parameter by parameter: every tensor equals the policy's cast, tied weights stay tied,
+    # and the policy itself is untouched (fp32, trainable)
+    cast = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    assert all(torch.equal(v, cast[k]) for k, v in engine.model.state_dict().items())
+    assert (
+        model.config.tie_word_embeddings
+        and engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    )
+    assert all(p.requires_grad for p in model.parameters())
     prompt = tokenizer.encode("What is 2+3?")
     greedy = Sampling(temperature=0.0)
     before = engine.generate([prompt], [12], [], greedy)[0]
