@@ -154,7 +154,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             engine.update_weights(model)
             row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
-                with weights_for(config, model):  # a collective; then rank 0 alone evaluates and writes
+                with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
                     if rank == 0:
                         row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
                                                  engine, protocol, sandbox, verifier))  # fmt: skip
