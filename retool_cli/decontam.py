@@ -97,8 +97,9 @@ def _scan(data: np.ndarray, rows: int, n: int, present: np.ndarray, index: np.nd
     row held a NUL).
 
     Two loops: the first splits the bytes into words, packing a word's bytes eight to a 64-bit chunk and mixing
-    each full chunk into its state; the second (no branch per byte, so the CPU overlaps the words) finishes each word's hash with its length (splitmix64's finaliser) and slides a window over each row's
-    words: the n-gram hash is a polynomial in the word hashes (base M, mod 2^64) updated in O(1), then mixed."""
+    each full chunk into its state; the second (no branch per byte, so the CPU overlaps the words) finishes
+    each word's hash with its length (splitmix64's finaliser) and slides a window over each row's words: the
+    n-gram hash is a polynomial in the word hashes (base M, mod 2^64) updated in O(1), then mixed."""
     states = np.empty(len(data) // 2 + 1, dtype=np.uint64)  # per word: its bytes' state, then its hash
     lengths = np.empty(len(data) // 2 + 1, dtype=np.uint64)
     per_row = np.zeros(rows, dtype=np.int64)

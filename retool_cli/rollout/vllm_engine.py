@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from retool_cli.errors import ConfigError
+from retool_cli.modeling import resolve_dtype
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
 
@@ -49,7 +50,7 @@ class VLLMEngine:
         vllm = _import_vllm()
         self._vllm = vllm
         self.sleep_mode = sleep_mode
-        self.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+        self.dtype = resolve_dtype(dtype, torch.device("cuda"), "rollout.dtype")  # what weight syncs send
         self.llm = vllm.LLM(
             model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_mode, max_model_len=max_model_len, enable_prefix_caching=True,
@@ -98,8 +99,7 @@ def _per_process_engine() -> dict[str, Any]:
     runs inside the process that torchrun's RANK / LOCAL_RANK / WORLD_SIZE describe ("external_launcher",
     as TRL's colocate mode does) instead of starting a worker that would take the first visible GPU in
     every process."""
-    import torch.distributed as dist
-
+    dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return {"distributed_executor_backend": "external_launcher"}
     return {}
