@@ -13,8 +13,9 @@ with 300-token prompts on a CPU).
 On a CPU in fp32 the projections run through oneDNN with prepacked weights (q/k/v as one matrix, gate/up
 as one), the path torch.compile's CPU backend takes for frozen linear weights
 (`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) 1.5-2x faster than `F.linear`.
-The packing is redone only after a parameter changes. Elsewhere (CUDA, bf16, LoRA layers) the model's
-own linear modules run. Either way a layer is few, large ops (RMSNorm as one op, the rotary embedding of q
+The packing is redone only after a parameter changes. A decode step there does the rest of each layer in
+two numba kernels (cpu_kernels.py) instead of ~50 torch ops. Elsewhere (CUDA, bf16, LoRA layers) the
+model's own linear modules run. Either way a layer is few, large ops (RMSNorm as one op, the rotary embedding of q
 and k together from a per-position table): on a GPU a decode step is bound by kernel launches, and this
 cut a 24-layer model's step on an H200 from 27.9 to 15.8 ms (benchmarks/README.md, "GPU check").
 """
@@ -23,8 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from retool_cli.rollout import cpu_kernels
 
 SUPPORTED = {"qwen2", "qwen3", "llama", "mistral"}
 
@@ -63,9 +67,9 @@ def _norms(layer: Any) -> list[Any]:
 def _pack(modules: list[torch.nn.Linear], rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The modules' weights stacked along the output dim (one GEMM for all) and reordered for oneDNN;
     `rows` is the batch size the layout is tuned for (any size works)."""
-    weight = torch.cat([m.weight for m in modules])
+    weight = torch.cat([m.weight.detach() for m in modules])
     biases = [m.bias for m in modules]
-    bias = None if biases[0] is None else torch.cat(biases)
+    bias = None if biases[0] is None else torch.cat(biases).detach()
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
 
 
@@ -179,6 +183,9 @@ class KVDecoder:
             if cache.get("key") != key:
                 cache.update(key=key, weights=_pack_model(model))
             self.packed, self.lm_head = cache["weights"]
+            self.norms = [_layer_norms(layer) for layer in self.inner.layers]  # for the fused decode step
+            self.final_norm = _norm_arrays(self.inner.norm)
+            cpu_kernels.use_threads(torch.get_num_threads())
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (capacity, D)
         # After `share`: the prompts' keys/values once per prompt, per layer (U, Hkv, W, D) x 2, each row's bias
         # over them (B, 1, 1, W), and the rows per prompt; keys/values then hold new tokens only.
@@ -246,9 +253,45 @@ class KVDecoder:
         """One new token per row (B,) at `positions` (B,). Returns logits (B, V)."""
         self.key_bias[:, self.length] = 0.0
         bias = self.key_bias[:, None, None, : self.length + 1]  # (B, 1, 1, L)
+        if self.packed and self.rope_table is not None:
+            return self._fused_step(ids, positions)
         if self.group_size:  # the prompt's keys come first (once per step here, not in every layer)
             bias = torch.cat([self.prefix_bias, bias], dim=-1)
         return self._forward(ids[:, None], positions[:, None], bias)
+
+    def _fused_step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`step` on the CPU fp32 path: the projections as prepacked oneDNN GEMMs, the rest of each layer in
+        two numba kernels working in place on numpy views of the same tensors (the cache included)."""
+        rows, dim = len(ids), self.head_dim
+        hidden = F.embedding(ids, self.inner.embed_tokens.weight.detach()).numpy()  # (B, C), updated in place
+        normed = torch.empty(hidden.shape)  # each RMSNorm's output: the next GEMM's input
+        attended = torch.empty((rows, self.n_heads * dim))  # (B, H D)
+        if self.group_size:
+            prefix_bias, group = self.prefix_bias.reshape(rows, -1).numpy(), self.group_size
+        else:
+            prefix_bias, group = np.zeros((rows, 0), np.float32), 1
+        empty_prefix = np.zeros((1, self.n_kv, 0, dim), np.float32)
+        cos, sin = self.rope_table[0].numpy(), self.rope_table[1].numpy()
+        delta = np.zeros((0, 0), np.float32)  # the residual branch still to add: none before the first layer
+        for index, layer in enumerate(self.inner.layers):
+            packed, norms = self.packed[index], self.norms[index]
+            cpu_kernels.add_rms_norm(hidden, delta, *norms["input"], normed.numpy())
+            qkv = _linear(normed, packed["qkv"])  # (B, (H + 2 Hkv) D)
+            prefix_k, prefix_v = (
+                (t.numpy() for t in self.prefix[index]) if self.group_size else (empty_prefix,) * 2
+            )
+            cpu_kernels.attend(qkv.numpy(), cos, sin, positions.numpy(), self.keys[index].numpy(),
+                               self.values[index].numpy(), self.key_bias.numpy(), self.length, prefix_k, prefix_v,
+                               prefix_bias, group, *norms["qk"], np.float32(layer.self_attn.scaling),
+                               attended.numpy())  # fmt: skip
+            cpu_kernels.add_rms_norm(
+                hidden, _linear(attended, packed["o"]).numpy(), *norms["post"], normed.numpy()
+            )
+            gate, up = _linear(normed, packed["gate_up"]).chunk(2, -1)
+            delta = _linear(layer.mlp.act_fn(gate) * up, packed["down"]).numpy()
+        cpu_kernels.add_rms_norm(hidden, delta, *self.final_norm, normed.numpy())
+        self.length += 1
+        return _linear(normed, self.lm_head)  # (B, V)
 
     def _attend(
         self, index: int, q: torch.Tensor, end: int, bias: torch.Tensor, scale: float
@@ -305,6 +348,27 @@ class KVDecoder:
         self.length = end
         last = _rms_norm(hidden[:, -1], self.inner.norm)
         return (_linear(last, self.lm_head) if self.lm_head else self.model.lm_head(last)).float()  # (B, V)
+
+
+def _norm_arrays(norm: Any) -> tuple[np.ndarray, float]:
+    """Copies: `.numpy()` pins a tensor's storage, and FSDP2 frees an unsharded parameter's by resizing it."""
+    return norm.weight.detach().clone().numpy(), float(norm.variance_epsilon)
+
+
+def _layer_norms(layer: Any) -> dict[str, tuple]:
+    """A layer's RMSNorm weights as numpy views, for the numba kernels; "qk": Qwen3's per-head q and k norm
+    weights and their epsilon, or empty arrays."""
+    attn = layer.self_attn
+    if hasattr(attn, "q_norm"):
+        (q_weight, eps), (k_weight, _) = _norm_arrays(attn.q_norm), _norm_arrays(attn.k_norm)
+        qk = (q_weight, k_weight, eps)
+    else:
+        qk = (np.zeros(0, np.float32), np.zeros(0, np.float32), 0.0)
+    return {
+        "input": _norm_arrays(layer.input_layernorm),
+        "post": _norm_arrays(layer.post_attention_layernorm),
+        "qk": qk,
+    }
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:

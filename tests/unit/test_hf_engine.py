@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
-from retool_cli.rollout import kv_decoder
+from retool_cli.rollout import cpu_kernels, kv_decoder
 from retool_cli.rollout.hf_engine import HFEngine, Sampling, _sample
 
 CONFIGS = {
@@ -59,12 +61,14 @@ def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bo
         monkeypatch.setattr(kv_decoder, "_packable", lambda m: False)
     elif not kv_decoder._packable(model):
         pytest.skip("no oneDNN linear on this build of torch")
-    shared = []
-    share = kv_decoder.KVDecoder.share
+    shared, fused = [], []
+    share, fused_step = kv_decoder.KVDecoder.share, kv_decoder.KVDecoder._fused_step
     monkeypatch.setattr(kv_decoder.KVDecoder, "share", lambda self, n: (shared.append(n), share(self, n)))
+    monkeypatch.setattr(kv_decoder.KVDecoder, "_fused_step", lambda self, *a: (fused.append(1), fused_step(self, *a))[1])  # fmt: skip
     prompts, budgets = (GROUPED, GROUPED_BUDGETS) if grouped else (PROMPTS, [12, 7, 12, 3])
     gens = engine_for(model).generate(prompts, budgets, [], Sampling(temperature=0.0))
     assert shared == ([3] if grouped and llama_family else [])
+    assert bool(fused) == (packed and llama_family)  # the packed path decodes with the numba kernels
     for prompt, budget, gen in zip(prompts, budgets, gens, strict=True):
         if gen.finish_reason == "eos":
             assert gen.token_ids[-1] == EOS and len(gen.token_ids) <= budget
@@ -99,6 +103,28 @@ def test_packed_weights_follow_a_weight_change(through_data: bool) -> None:
     expected.load_state_dict(model.state_dict())
     assert after.token_ids == engine_for(expected).generate([A], [10], [], greedy)[0].token_ids
     assert after.token_ids != before.token_ids
+
+
+def test_cpu_kernels_exp_and_rms_norm() -> None:
+    """The numba kernels' pieces against numpy/torch: exp of softmax inputs (<= 0; -inf and anything below -87
+    exactly 0), residual add + RMSNorm in place."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([-np.logspace(-8, np.log10(86.9), 2000), [0.0, -87.5, -1e4, -np.inf]]).astype(
+        np.float32
+    )
+    got = x.copy()
+    cpu_kernels._exp_inplace(got, len(got), np.empty(len(got), np.int32))
+    want = np.exp(x.astype(np.float64))
+    assert np.all(np.abs(got[:-3] - want[:-3]) <= 3e-7 * want[:-3])
+    assert got[-3:].tolist() == [0.0, 0.0, 0.0]
+    hidden, delta = (rng.standard_normal((5, 48)).astype(np.float32) for _ in range(2))
+    weight = rng.standard_normal(48).astype(np.float32)
+    want = F.rms_norm(torch.from_numpy(hidden + delta), (48,), torch.from_numpy(weight), 1e-6).numpy()
+    summed, out = hidden + delta, np.empty_like(hidden)
+    cpu_kernels.add_rms_norm(hidden, delta, weight, 1e-6, out)
+    assert np.array_equal(hidden, summed) and np.allclose(out, want, rtol=1e-5, atol=1e-6)
+    cpu_kernels.add_rms_norm(hidden, np.zeros((0, 0), np.float32), weight, 1e-6, out)  # no residual to add
+    assert np.array_equal(hidden, summed) and np.allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 def test_sampler_draws_from_the_filtered_distribution() -> None:
