@@ -14,10 +14,11 @@ On a CPU in fp32 the projections run through oneDNN with prepacked weights (q/k/
 as one), the path torch.compile's CPU backend takes for frozen linear weights
 (`torch.ops.mkldnn._linear_pointwise`): at GRPO decode shapes (32 rows) 1.5-2x faster than `F.linear`.
 The packing is redone only after a parameter changes. A decode step there does the rest of each layer in
-two numba kernels (cpu_kernels.py) instead of ~50 torch ops. Elsewhere (CUDA, bf16, LoRA layers) the
-model's own linear modules run. Either way a layer is few, large ops (RMSNorm as one op, the rotary embedding of q
-and k together from a per-position table): on a GPU a decode step is bound by kernel launches, and this
-cut a 24-layer model's step on an H200 from 27.9 to 15.8 ms (benchmarks/README.md, "GPU check").
+two numba kernels (cpu_kernels.py) instead of ~50 torch ops, whose dispatch bound the step. Elsewhere
+(CUDA, bf16, LoRA layers) the model's own linear modules run, and a layer is still few, large ops (RMSNorm
+as one op, the rotary embedding of q and k together from a per-position table): on a GPU a decode step is
+bound by kernel launches, and this cut a 24-layer model's step on an H200 from 27.9 to 15.8 ms
+(benchmarks/README.md, "GPU check").
 """
 
 from __future__ import annotations
