@@ -74,14 +74,17 @@ def _pack(modules: list[torch.nn.Linear], rows: int) -> tuple[torch.Tensor, torc
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
 
 
-def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, torch.Tensor | None]]:
+def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, torch.Tensor | None], tuple]:
+    """Per layer the packed projections and the norm weights the numba kernels take; the packed lm_head; the
+    final norm's weights."""
     rows = 32  # the decode batch of a GRPO step, roughly; only tunes the layout
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         layers.append({"qkv": _pack([attn.q_proj, attn.k_proj, attn.v_proj], rows), "o": _pack([attn.o_proj], rows),
-                       "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows), "down": _pack([mlp.down_proj], rows)})  # fmt: skip
-    return layers, _pack([model.lm_head], rows)
+                       "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows), "down": _pack([mlp.down_proj], rows),
+                       "norms": _layer_norms(layer)})  # fmt: skip
+    return layers, _pack([model.lm_head], rows), _norm_arrays(model.model.norm)
 
 
 def _linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
@@ -175,17 +178,17 @@ class KVDecoder:
         # (B, capacity) 0 where a position holds a real token, -inf elsewhere: added to attention scores
         self.key_bias = torch.empty(0)
         self.length = 0  # positions filled
-        # per layer: prepacked projections, and the packed lm_head (CPU fp32); else empty / None
+        # per layer: prepacked projections and norm weights, the packed lm_head, the final norm (CPU fp32);
+        # else empty / None
         self.packed: list[dict[str, Any]] = []
         self.lm_head: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.final_norm: tuple[np.ndarray, float] | None = None
         if _packable(model):
             cache = {} if pack_cache is None else pack_cache
             key = [(id(p), p._version) for p in model.parameters()]
             if cache.get("key") != key:
                 cache.update(key=key, weights=_pack_model(model))
-            self.packed, self.lm_head = cache["weights"]
-            self.norms = [_layer_norms(layer) for layer in self.inner.layers]  # for the fused decode step
-            self.final_norm = _norm_arrays(self.inner.norm)
+            self.packed, self.lm_head, self.final_norm = cache["weights"]
             cpu_kernels.use_threads(torch.get_num_threads())
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (capacity, D)
         # After `share`: the prompts' keys/values once per prompt, per layer (U, Hkv, W, D) x 2, each row's bias
@@ -253,9 +256,9 @@ class KVDecoder:
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One new token per row (B,) at `positions` (B,). Returns logits (B, V)."""
         self.key_bias[:, self.length] = 0.0
-        bias = self.key_bias[:, None, None, : self.length + 1]  # (B, 1, 1, L)
         if self.packed and self.rope_table is not None:
             return self._fused_step(ids, positions)
+        bias = self.key_bias[:, None, None, : self.length + 1]  # (B, 1, 1, L)
         if self.group_size:  # the prompt's keys come first (once per step here, not in every layer)
             bias = torch.cat([self.prefix_bias, bias], dim=-1)
         return self._forward(ids[:, None], positions[:, None], bias)
@@ -265,8 +268,10 @@ class KVDecoder:
         two numba kernels working in place on numpy views of the same tensors (the cache included)."""
         rows, dim = len(ids), self.head_dim
         hidden = F.embedding(ids, self.inner.embed_tokens.weight.detach()).numpy()  # (B, C), updated in place
-        normed = torch.empty(hidden.shape)  # each RMSNorm's output: the next GEMM's input
-        attended = torch.empty((rows, self.n_heads * dim))  # (B, H D)
+        normed = torch.empty(
+            hidden.shape, dtype=torch.float32
+        )  # each RMSNorm's output: the next GEMM's input
+        attended = torch.empty((rows, self.n_heads * dim), dtype=torch.float32)  # (B, H D)
         if self.group_size:
             prefix_bias, group = self.prefix_bias.reshape(rows, -1).numpy(), self.group_size
         else:
@@ -275,7 +280,8 @@ class KVDecoder:
         cos, sin = self.rope_table[0].numpy(), self.rope_table[1].numpy()
         delta = np.zeros((0, 0), np.float32)  # the residual branch still to add: none before the first layer
         for index, layer in enumerate(self.inner.layers):
-            packed, norms = self.packed[index], self.norms[index]
+            packed = self.packed[index]
+            norms = packed["norms"]
             cpu_kernels.add_rms_norm(hidden, delta, *norms["input"], normed.numpy())
             qkv = _linear(normed, packed["qkv"])  # (B, (H + 2 Hkv) D)
             prefix_k, prefix_v = (
@@ -357,8 +363,8 @@ def _norm_arrays(norm: Any) -> tuple[np.ndarray, float]:
 
 
 def _layer_norms(layer: Any) -> dict[str, tuple]:
-    """A layer's RMSNorm weights as numpy views, for the numba kernels; "qk": Qwen3's per-head q and k norm
-    weights and their epsilon, or empty arrays."""
+    """A layer's RMSNorm weights and epsilons as numpy copies, for the numba kernels; "qk": Qwen3's per-head
+    q and k norm weights and their epsilon, or empty arrays."""
     attn = layer.self_attn
     if hasattr(attn, "q_norm"):
         (q_weight, eps), (k_weight, _) = _norm_arrays(attn.q_norm), _norm_arrays(attn.k_norm)
