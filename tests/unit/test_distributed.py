@@ -11,9 +11,10 @@ import torch.multiprocessing as mp
 
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data import MathExample
-from retool_cli.distributed import full_state, shard, weight_chunks
+from retool_cli.distributed import full_state, shard
 from retool_cli.rl import rollout_batch, update
 from retool_cli.rollout.agent import Trajectory
+from retool_cli.rollout.vllm_engine import whole_tensors
 from retool_cli.tiny import tiny_model_path
 from retool_cli.trainer import build_scheduler
 
@@ -57,10 +58,9 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     mine_batch = rollout_batch([trajectories[i] for i in mine], rewards[mine])
     stats = update(cfg, model, mine_batch, optimizer, scheduler, tokenizer.pad_token_id)
     weights, _ = full_state(model, optimizer)  # FSDP2: gathered on rank 0 (a collective)
-    # what a vLLM engine per rank gets: whole tensors on every rank, gathered a few at a time
-    chunks = list(weight_chunks(model.state_dict().items(), torch.float32, max_bytes=1 << 16))
-    gathered = dict(pair for chunk in chunks for pair in chunk)
-    assert len(chunks) > 1 and list(gathered) == list(model.state_dict())
+    # what a vLLM engine per rank gets: whole tensors on every rank, gathered one at a time
+    gathered = dict(whole_tensors(model.state_dict(), torch.float32))
+    assert list(gathered) == list(model.state_dict())
     assert all(not hasattr(v, "full_tensor") for v in gathered.values())
     if rank == 0 and weights:
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
@@ -110,13 +110,9 @@ def test_each_torchrun_process_gets_its_own_vllm_engine(tmp_path: Path, world: i
     assert [Path(f"{out}.{rank}").read_text() for rank in range(world)] == [expected] * world
 
 
-def test_weight_chunks_cast_and_bound_each_chunk() -> None:
-    named = [(f"w{i}", torch.randn(64, 64)) for i in range(10)]  # 16 KiB each in fp32, 8 KiB in bf16
-    chunks = list(weight_chunks(named, torch.bfloat16, max_bytes=20_000))
-    assert [len(c) for c in chunks] == [3, 3, 3, 1]  # a chunk closes once it holds max_bytes
-    flat = [pair for chunk in chunks for pair in chunk]
-    assert [name for name, _ in flat] == [name for name, _ in named]
-    assert all(
-        t.dtype == torch.bfloat16 and torch.equal(t, w.to(torch.bfloat16))
-        for (_, t), (_, w) in zip(flat, named, strict=True)
-    )
+def test_whole_tensors_cast_one_at_a_time() -> None:
+    named = {f"w{i}": torch.randn(64, 64) for i in range(3)}
+    stream = whole_tensors(named, torch.bfloat16)
+    name, first = next(stream)  # a generator: nothing past the first tensor is cast yet
+    assert name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
+    assert [n for n, _ in stream] == ["w1", "w2"]

@@ -67,11 +67,12 @@ def test_lora_keeps_the_frozen_base_as_configured(monkeypatch, caplog, cuda: boo
 
 
 @pytest.mark.parametrize(
-    "model_dtype, rollout_dtype, expected",
-    [("auto", "auto", "bfloat16"), ("float32", "auto", "float32"), ("auto", "float16", "float16"),
-     ("bfloat16", "auto", "bfloat16")],
+    "cuda, model_dtype, rollout_dtype, expected",
+    [(True, "auto", "auto", "bfloat16"), (False, "auto", "auto", "float32"), (True, "float32", "auto", "float32"),
+     (True, "auto", "float16", "float16"), (False, "bfloat16", "auto", "bfloat16")],
 )  # fmt: skip
-def test_vllm_dtype(model_dtype: str, rollout_dtype: str, expected: str) -> None:
+def test_vllm_dtype(monkeypatch, cuda: bool, model_dtype: str, rollout_dtype: str, expected: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     cfg = config(dtype=model_dtype)
     assert vllm_dtype(replace(cfg, rollout=replace(cfg.rollout, dtype=rollout_dtype))) == expected
 

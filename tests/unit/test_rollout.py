@@ -281,20 +281,6 @@ def test_real_rollout_tiny_model_is_deterministic(tokenizer, sandbox) -> None:
     assert metrics["rollout/gen_tokens_per_s"] > 0
 
 
-def test_vllm_engine_missing_is_a_clear_error() -> None:
-    import importlib.util
-
-    from retool_cli.config import Engine, RetoolConfig
-    from retool_cli.rollout import build_engine
-
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-    cfg = RetoolConfig()
-    cfg.rollout.engine = Engine.vllm
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*rollout.engine=hf"):
-        build_engine(cfg, None, None)
-
-
 def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenizer) -> None:
     """rollout.dtype=bfloat16 next to an fp32 trainer: generation runs on a bf16 copy (the trainer's weights
     stay fp32), a trainer step does not reach it until update_weights, and then it does."""
