@@ -7,6 +7,7 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
 
 from retool_cli.cli import hydra_argv
 from retool_cli.config import CONF_DIR, RECIPES_DIR, DataSource, RetoolConfig, register_configs, to_config
@@ -16,13 +17,26 @@ PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "hydra_set
 DATA_OPTIONS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 BENCHMARKS = sorted(p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml"))
+GROUP_OPTIONS = [(group.name, option.stem) for group in sorted(CONF_DIR.iterdir())
+                 if group.is_dir() and group.name != "hydra" for option in sorted(group.glob("*.yaml"))]  # fmt: skip
 
 
 def composed(command: str, overrides: list[str]) -> RetoolConfig:
+    return to_config(composed_raw(command, overrides))
+
+
+def composed_raw(command: str, overrides: list[str]) -> DictConfig:
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return to_config(compose(config_name=command, overrides=overrides))
+        return compose(config_name=command, overrides=overrides)
+
+
+def leaves(node: object, prefix: str = "") -> dict[str, object]:
+    """{dotted key: value} of a nested dict."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {k: v for key, child in node.items() for k, v in leaves(child, f"{prefix}.{key}" if prefix else key).items()}
 
 
 def test_there_is_something_to_check() -> None:
@@ -79,6 +93,37 @@ def test_recipe_values_and_command_line_wins() -> None:
     # an explicit override beats the recipe, whatever the order on the command line
     assert composed("prepare", ["data.dev_size=3", "recipe=dapo_smoke"]).data.dev_size == 3
     assert composed("prepare", ["recipe=retool_qwen2.5_7b", "data=aime24"]).data.source is DataSource.aime24
+
+
+def test_there_are_groups_to_check() -> None:
+    assert {"data", "protocol", "rollout", "benchmark"} <= {group for group, _ in GROUP_OPTIONS}
+
+
+@pytest.mark.parametrize("command", ["eval", "train"])
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_a_group_chosen_on_the_command_line_beats_the_recipe(command: str, recipe: str, group: str,
+                                                             option: str) -> None:  # fmt: skip
+    """`recipe=R GROUP=OPTION`: every value the option's file sets is in the composed config, whatever the
+    recipe says about that section (the recipe's `rollout.engine: hf` used to win over `rollout=vllm`)."""
+    chosen = leaves(OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")))
+    required = [f"{group}.{key}=x.jsonl" for key, value in chosen.items() if value == "???"]
+    cfg = composed_raw(command, [f"recipe={recipe}", f"{group}={option}", *required])
+    got = leaves(OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True))
+    assert {k: got[k] for k in chosen if chosen[k] != "???"} == {k: v for k, v in chosen.items() if v != "???"}
+    to_config(cfg)  # and it is a valid config
+
+
+def test_command_line_value_beats_group_and_recipe_and_recipe_beats_defaults() -> None:
+    cfg = composed("eval", ["benchmark.n_samples=3", "recipe=dapo_smoke", "benchmark=aime24"])
+    assert (cfg.benchmark.name, cfg.benchmark.n_samples, cfg.benchmark.temperature) == ("aime24", 3, 0.6)
+    # without a command-line choice, the recipe's values stand over the command's default options
+    cfg = composed("eval", ["recipe=dapo_smoke"])
+    assert (cfg.benchmark.name, cfg.benchmark.n_samples, cfg.rollout.group_size) == ("smoke", 8, 8)
+    assert cfg.model.name_or_path == "tiny" and cfg.data.dev_size == 200
+    # the recipe's own values for a section survive where the chosen option says nothing
+    cfg = composed("train", ["recipe=dapo_smoke", "rollout=vllm"])
+    assert cfg.rollout.engine.value == "vllm" and cfg.rollout.group_size == 8 and not cfg.rollout.overlap_sandbox
 
 
 def test_cross_field_checks_run_on_conversion() -> None:
