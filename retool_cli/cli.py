@@ -85,7 +85,8 @@ def _quiet_libraries() -> None:
     import os
 
     for key, value in {"TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}.items():  # fmt: skip
+                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+                       "VLLM_LOGGING_LEVEL": "WARNING"}.items():  # fmt: skip
         os.environ.setdefault(key, value)
 
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -25,6 +27,21 @@ def run_retool(
             f"retool {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def kill_after(args: list[str], cwd: Path, marker: str, done: str, timeout: float = 300) -> None:
+    """Start `retool ARGS` and SIGKILL it as soon as a file matching `marker` appears below `cwd`; fails if the
+    run wrote `done` (it finished before it could be killed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", *args], cwd=cwd, env={**os.environ},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(cwd.rglob(marker)):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert not list(cwd.rglob(done)), "the run finished before it could be killed"
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import run_retool
+from tests.helpers import kill_after, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
@@ -67,16 +62,7 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(
         reference[0]
     )
-    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", *args], cwd=broken, env={**os.environ},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if list(broken.rglob("checkpoints/step_2/trainer_state.pt")):
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait()
-    assert not list(broken.rglob("final.txt")), "the run finished before it could be killed"
+    kill_after(args, cwd=broken, marker="checkpoints/step_2/trainer_state.pt", done="final.txt")
     run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
     assert comparable(metrics_of(broken)) == comparable(reference)
     [run] = [p.parent for p in broken.rglob("final.txt")]
