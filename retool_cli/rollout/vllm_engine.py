@@ -84,6 +84,11 @@ class VLLMEngine:
         self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
         _check_head_size(model_path, current_platform)
         extra = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
+        if self.on_cpu:
+            # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, and CPU
+            # generators cannot rewind: `RuntimeError: CPU Generator does not use offset` once a step's new
+            # prompt tokens exceed the batch budget. Prompts are prefilled whole instead.
+            extra |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process (see the docstring)
         # vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads for the process it
         # runs in: this one, which also trains. Both are put back once the engine is built.

@@ -107,6 +107,17 @@ def test_sampled_logprobs_are_the_policys_and_seeds_reproduce(engine, policy_dir
     assert worst < 1e-4, worst
 
 
+def test_long_batches_sample_per_request_whatever_the_batching(engine) -> None:
+    """More new prompt tokens than one step takes (32 x 300 > 8192): seeded requests on CPU must not meet a
+    partial prefill (vLLM 0.32 then rewinds their generators, which CPU generators cannot do), and a request's
+    tokens depend on its own seed only: the same as when it is sampled alone."""
+    prompts = [[(7 * i + j) % 300 + 5 for j in range(300)] for i in range(32)]
+    sampling = Sampling(temperature=1.0, seed=3)
+    batch = engine.generate(prompts, [16] * len(prompts), [], sampling)
+    [alone] = engine.generate(prompts[5:6], [16], [], replace(sampling, seed=3 + 5))
+    assert alone.token_ids == batch[5].token_ids
+
+
 def sync_back(engine: VLLMEngine, policy_dir: Path) -> None:
     engine.update_weights(load_policy(policy_dir))
 
