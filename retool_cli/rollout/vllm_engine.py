@@ -75,19 +75,22 @@ class VLLMEngine:
         # vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads for the process it
         # runs in: this one, which also trains. Both are put back once the engine is built.
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        launcher = _per_process_engine()
         try:
             with _hidden_from_kernel_scan():
                 self.llm = vllm.LLM(
                     model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                     gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_mode,
                     enable_prefix_caching=True, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
-                    **extra, **_per_process_engine(),
+                    **extra, **launcher,
                 )  # fmt: skip
         except (ValueError, RuntimeError, OSError) as exc:
             raise RetoolError(f"vLLM could not start on {model_path}: {exc}") from exc
         finally:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
+        log.info("vLLM engine on %s, %s, %s", model_path, dtype,
+                 "external launcher (one per process)" if launcher else "in this process")  # fmt: skip
         # each weight sync warns that the rotary embedding (a buffer, no weights) loaded none: not a problem
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
