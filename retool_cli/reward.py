@@ -54,16 +54,29 @@ def extract_boxed(text: str, window: int | None = None) -> str | None:
         return None
     command = next(cmd for cmd in _BOX_COMMANDS if text.startswith(cmd, start))
     rest = text[start + len(command) :]
+    spaced = rest.lstrip()  # "\boxed {5}" is legal LaTeX: spaces (or a line break) before the brace
+    if spaced.startswith("{"):
+        return _braced(spaced)
     if rest.startswith(" "):  # "\boxed 5": up to the next space or "$"
         match = re.match(r" +([^\s$]+)", rest)
         return match.group(1) if match else None
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, char in enumerate(rest):
+    return None
+
+
+def _braced(text: str) -> str | None:
+    """The content of the group `text` opens with `{`, or None when it never closes. A backslash escapes the
+    next character: escaped braces (sets, the `\\left\\{ ... \\right.` of piecewise answers) do not group, and
+    a LaTeX line break (two backslashes) escapes no brace after it."""
+    depth, i = 0, 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
         depth += (char == "{") - (char == "}")
         if depth == 0:
-            return rest[1:i].strip()
+            return text[1:i].strip()
+        i += 1
     return None
 
 

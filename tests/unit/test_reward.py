@@ -43,6 +43,14 @@ def verifier():
         ("\\boxed{1} and then \\boxed{\\frac{1}{2}", None),  # the last one is cut off
         ("\\boxed", None),
         ("\\boxed{}", ""),
+        ("\\boxed {5}.", "5"),  # a space before the brace is legal LaTeX
+        ("\\boxed\n{3}", "3"),
+        ("\\boxed {1", None),
+        ("\\boxed{\\left\\{ x^2 \\right.}", "\\left\\{ x^2 \\right."),  # escaped braces do not group
+        ("\\boxed{a \\} b}", "a \\} b"),
+        ("\\boxed{\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right.}",
+         "\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right."),  # a line break before {
+        ("\\text{The answer is \\boxed{7}}", "7"),  # a box inside \\text{}
     ],
 )
 def test_extract_boxed(text: str, expected: str | None) -> None:
