@@ -158,7 +158,6 @@ class RolloutConfig:
     # vLLM only: free its GPU memory while the trainer runs, where the platform has sleep mode (CUDA; not
     # vLLM's CPU build, where this is ignored with a note)
     vllm_enable_sleep_mode: bool = True
-    vllm_enforce_eager: bool = False  # vLLM only: no torch.compile (faster start-up, slower decoding)
 
     def __post_init__(self) -> None:
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
@@ -549,10 +548,12 @@ def _command_line_groups_after_recipe() -> None:
         return
     original = loader.create_defaults_list
 
-    def create_defaults_list(**kwargs: Any) -> Any:
-        result = original(**kwargs)
+    def create_defaults_list(repo: Any, config_name: str | None, overrides_list: list, prepend_hydra: bool,
+                             skip_missing: bool) -> Any:  # fmt: skip
+        result = original(repo=repo, config_name=config_name, overrides_list=overrides_list,
+                          prepend_hydra=prepend_hydra, skip_missing=skip_missing)  # fmt: skip
         choices = result.overrides.known_choices
-        chosen = {o.key_or_group for o in kwargs["overrides_list"]
+        chosen = {o.key_or_group for o in overrides_list
                   if o.key_or_group in choices and o.key_or_group != "recipe" and not o.is_hydra_override()}  # fmt: skip
         if not chosen or not choices.get("recipe"):
             return result

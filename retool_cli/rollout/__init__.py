@@ -23,7 +23,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
         return VLLMEngine(
             path, dtype=vllm_dtype(cfg), seed=cfg.seed, max_model_len=cfg.model.max_context_tokens,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization, sleep_mode=r.vllm_enable_sleep_mode,
-            kv_cache_gib=r.vllm_kv_cache_gib, enforce_eager=r.vllm_enforce_eager,
+            kv_cache_gib=r.vllm_kv_cache_gib,
         )  # fmt: skip
     from retool_cli.modeling import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine

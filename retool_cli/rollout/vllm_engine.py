@@ -49,7 +49,7 @@ def _import_vllm() -> Any:
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str, seed: int, max_model_len: int, gpu_memory_utilization: float,
-                 sleep_mode: bool, kv_cache_gib: float = 0.0, enforce_eager: bool = False) -> None:  # fmt: skip
+                 sleep_mode: bool, kv_cache_gib: float = 0.0) -> None:  # fmt: skip
         """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
         the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
         takes `gpu_memory_utilization` of the machine's memory)."""
@@ -81,7 +81,7 @@ class VLLMEngine:
                 self.llm = vllm.LLM(
                     model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                     gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_mode,
-                    enable_prefix_caching=True, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
+                    enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                     **extra, **launcher,
                 )  # fmt: skip
         except (ValueError, RuntimeError, OSError) as exc:
