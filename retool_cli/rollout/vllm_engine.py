@@ -128,7 +128,9 @@ class VLLMEngine:
         from retool_cli.modeling import is_lora, merged_state_dict
 
         state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)}
+        )
         if not self.llm.reset_prefix_cache():  # cached prefixes were computed with the old weights
             raise RuntimeError("vLLM did not reset its prefix cache after a weight sync")
 

@@ -36,7 +36,11 @@ def leaves(node: object, prefix: str = "") -> dict[str, object]:
     """{dotted key: value} of a nested dict."""
     if not isinstance(node, dict):
         return {prefix: node}
-    return {k: v for key, child in node.items() for k, v in leaves(child, f"{prefix}.{key}" if prefix else key).items()}
+    return {
+        k: v
+        for key, child in node.items()
+        for k, v in leaves(child, f"{prefix}.{key}" if prefix else key).items()
+    }
 
 
 def test_there_is_something_to_check() -> None:
@@ -110,7 +114,9 @@ def test_a_group_chosen_on_the_command_line_beats_the_recipe(command: str, recip
     required = [f"{group}.{key}=x.jsonl" for key, value in chosen.items() if value == "???"]
     cfg = composed_raw(command, [f"recipe={recipe}", f"{group}={option}", *required])
     got = leaves(OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True))
-    assert {k: got[k] for k in chosen if chosen[k] != "???"} == {k: v for k, v in chosen.items() if v != "???"}
+    assert {k: got[k] for k in chosen if chosen[k] != "???"} == {
+        k: v for k, v in chosen.items() if v != "???"
+    }
     to_config(cfg)  # and it is a valid config
 
 
@@ -123,7 +129,9 @@ def test_command_line_value_beats_group_and_recipe_and_recipe_beats_defaults() -
     assert cfg.model.name_or_path == "tiny" and cfg.data.dev_size == 200
     # the recipe's own values for a section survive where the chosen option says nothing
     cfg = composed("train", ["recipe=dapo_smoke", "rollout=vllm"])
-    assert cfg.rollout.engine.value == "vllm" and cfg.rollout.group_size == 8 and not cfg.rollout.overlap_sandbox
+    assert (
+        cfg.rollout.engine.value == "vllm" and cfg.rollout.group_size == 8 and not cfg.rollout.overlap_sandbox
+    )
 
 
 def test_cross_field_checks_run_on_conversion() -> None:

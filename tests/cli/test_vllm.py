@@ -15,7 +15,13 @@ VLLM = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25"]
 GREEDY_EVAL = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20", "benchmark.max_problems=8",
                "benchmark.n_samples=1", "benchmark.temperature=0", "benchmark.max_response_tokens=96",
                "eval.bootstrap=100"]  # fmt: skip
-ROLLOUT_METRICS = ("reward/", "rollout/code_calls", "rollout/response_tokens", "rollout/turns", "rollout/stop_")
+ROLLOUT_METRICS = (
+    "reward/",
+    "rollout/code_calls",
+    "rollout/response_tokens",
+    "rollout/turns",
+    "rollout/stop_",
+)
 
 
 @pytest.fixture(scope="module")

@@ -114,5 +114,7 @@ def test_whole_tensors_cast_one_at_a_time() -> None:
     named = {f"w{i}": torch.randn(64, 64) for i in range(3)}
     stream = whole_tensors(named, torch.bfloat16)
     name, first = next(stream)  # a generator: nothing past the first tensor is cast yet
-    assert name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
+    assert (
+        name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
+    )
     assert [n for n, _ in stream] == ["w1", "w2"]

@@ -180,15 +180,21 @@ def test_agent_loop_through_vllm_runs_the_interpreter(engine, policy_dir, tokeni
                         max_tokens_per_turn=80, max_tool_result_tokens=32, overlap_sandbox=False)  # fmt: skip
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as sandbox:
         scripted = ScriptedEngine(tokenizer, lambda context, turn: code if turn == 0 else answer)
-        [target, _], _ = run_rollouts(example, scripted, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
+        [target, _], _ = run_rollouts(
+            example, scripted, protocol, sandbox, cfg, seed=0, max_context_tokens=512
+        )
         policy = overfit(policy_dir, target.token_ids)
         try:
             engine.update_weights(policy)
-            ours, metrics = run_rollouts(example, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
+            ours, metrics = run_rollouts(
+                example, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512
+            )
             theirs, _ = run_rollouts(example, HFEngine(policy, tokenizer), protocol, sandbox, cfg, seed=0,
                                      max_context_tokens=512)  # fmt: skip
             short = replace(cfg, max_response_tokens=12)
-            [cut, _], _ = run_rollouts(example, engine, protocol, sandbox, short, seed=0, max_context_tokens=512)
+            [cut, _], _ = run_rollouts(
+                example, engine, protocol, sandbox, short, seed=0, max_context_tokens=512
+            )
         finally:
             sync_back(engine, policy_dir)
     for t in ours:
@@ -203,8 +209,12 @@ def test_agent_loop_through_vllm_runs_the_interpreter(engine, policy_dir, tokeni
 def test_a_model_vllm_cannot_run_is_refused_before_loading(tmp_path: Path) -> None:
     """vLLM's CPU attention has no kernel for 16-wide heads: a clear error naming the key, not a crash."""
     path = tiny_model_path({"heads": 4})  # 64 / 4 = 16
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm: vLLM's CPU attention runs head sizes.*has 16"):
-        VLLMEngine(str(path), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False)
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine=vllm: vLLM's CPU attention runs head sizes.*has 16"
+    ):
+        VLLMEngine(
+            str(path), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False
+        )
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
@@ -214,7 +224,9 @@ def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where it is not installed
     cfg = RetoolConfig()
     cfg.rollout.engine = Engine.vllm
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"
+    ):
         build_engine(cfg, None, None)
 
 
@@ -228,6 +240,7 @@ def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch)
     (package / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
-    with pytest.raises(ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
+    with pytest.raises(
+        ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"
+    ):
         load_model(ModelConfig(name_or_path=str(tiny_model_path()), device="cpu"))
-
