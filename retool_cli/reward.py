@@ -1,17 +1,17 @@
 """The reward: find the final answer, judge it against the reference, turn the verdict into a score.
 
     final assistant text --answer_text (drop code, tool output)--> --extract_boxed (last window chars)-->
-      answer --Verifier: cache -> exact fast path -> math-verify in killable worker processes-->
+      answer --Verifier: cache -> exact fast path -> judge.judge in killable worker processes-->
       verdict --score (correctness | dapo_strict, + optional overlong and format terms)--> RewardScore
 
 The judge is the only training signal and eval's referee: the fast path only ever says "equivalent"
 for pairs that are identical after a conservative normalisation or equal as exact numbers; anything
-else goes to math-verify, whose run time is bounded by killing its worker process, from any thread.
+else goes to the judge (judge.py: a box's content read as math by math-verify, hedges refused), whose
+run time is bounded by killing its worker process, from any thread.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import queue
 import re
@@ -86,7 +86,7 @@ _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\{([^{}]*)\
 _DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\\displaystyle|\$|\s")
 _DEGREES = re.compile(r"\^\{?\\circ\}?|°")
 _PERCENT = re.compile(r"\\?%$")
-_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 _VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]=(?=[^=])")
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 _FRAC = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(\d+)\}$|^(-?\d+)/(\d+)$")
@@ -141,85 +141,7 @@ def fast_verdict(gold: str, pred: str) -> bool | None:
     return None
 
 
-# ------------------------------------------------------------------ the slow path: math-verify, killable
-
-
-def _as_math(text: str) -> str:
-    """math-verify reads bare LaTeX ("\\frac12", "(1,2]", "1.5\\times10^{3}") only inside math delimiters;
-    plain text ("1000,99", "7,425,000") it reads better as it is."""
-    if any(d in text for d in ("$", "\\(", "\\[", "\\boxed")) or not any(c in text for c in "\\{}[]()^_"):
-        return text
-    return f"${text}$"
-
-
-def install_two_stage_latex_parsing() -> bool:
-    """Make math-verify's LaTeX parser (latex2sympy2's ANTLR grammar) try ANTLR's fast SLL prediction first
-    and fall back to full LL only when that raises. ANTLR guarantees that an SLL parse without a syntax error
-    is the tree LL would build, and any error (syntax or conversion) re-runs the original LL parse, so results
-    are unchanged; parsing, ~85% of math-verify's time, gets about 2x faster. Inputs nested deeper than 12
-    brackets keep plain LL (see below). Returns False, changing nothing, when latex2sympy2's internals are not
-    the ones this was written against (1.11)."""
-    try:
-        from antlr4.atn.PredictionMode import PredictionMode
-        from latex2sympy2_extended import latex2sympy2
-
-        converter = latex2sympy2._Latex2Sympy
-        create_parser, parse = converter.create_parser, converter.parse
-    except (ImportError, AttributeError):
-        return False
-
-    def create_parser_in_mode(self, latex_str):
-        parser = create_parser(self, latex_str)
-        parser._interp.predictionMode = getattr(self, "_retool_prediction_mode", PredictionMode.LL)
-        return parser
-
-    def parse_sll_then_ll(self, latex_str):
-        self._retool_prediction_mode = PredictionMode.LL
-        if _bracket_depth(latex_str) > 12:  # deep nesting: LL may hit Python's recursion limit where SLL
-            return parse(self, latex_str)  # would not, and SLL can take minutes; keep the original behaviour
-        self._retool_prediction_mode = PredictionMode.SLL
-        try:
-            return parse(self, latex_str)
-        except Exception:
-            self._retool_prediction_mode = PredictionMode.LL
-            return parse(self, latex_str)
-
-    converter.create_parser, converter.parse = create_parser_in_mode, parse_sll_then_ll
-    return True
-
-
-def _bracket_depth(text: str) -> int:
-    depth = deepest = 0
-    for char in text:
-        if char in "({[":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in ")}]":
-            depth -= 1
-    return deepest
-
-
-def judge_worker_main() -> None:
-    """A math-verify process: one JSON line [gold, pred] in, one JSON line (the verdict) out."""
-    import logging
-
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its alarm timeouts
-    install_two_stage_latex_parsing()
-
-    @functools.lru_cache(maxsize=4096)  # a reference answer is judged against many samples
-    def parsed(text: str) -> list:
-        return parse(_as_math(text), parsing_timeout=None)
-
-    print("ready", flush=True)
-    for line in sys.stdin:
-        gold, pred = json.loads(line)
-        try:
-            verdict = bool(verify(parsed(gold), parsed(pred), timeout_seconds=None))
-        except Exception:
-            verdict = False
-        print(json.dumps(verdict), flush=True)
+# ------------------------------------------------------------------ the slow path: the judge, killable
 
 
 class _JudgeProcess:
@@ -227,7 +149,7 @@ class _JudgeProcess:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from retool_cli.reward import judge_worker_main; judge_worker_main()"],
+            [sys.executable, "-c", "from retool_cli.judge import judge_worker_main; judge_worker_main()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
         )  # fmt: skip
         self.ready = False

@@ -48,8 +48,10 @@ def verifier():
         ("\\boxed {1", None),
         ("\\boxed{\\left\\{ x^2 \\right.}", "\\left\\{ x^2 \\right."),  # escaped braces do not group
         ("\\boxed{a \\} b}", "a \\} b"),
-        ("\\boxed{\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right.}",
-         "\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right."),  # a line break before {
+        (
+            "\\boxed{\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right.}",
+            "\\left\\{\\begin{array}{ll} x & x>0 \\\\ 0 & x\\le 0\\end{array}\\right.",
+        ),  # a line break before {
         ("\\text{The answer is \\boxed{7}}", "7"),  # a box inside \\text{}
     ],
 )
@@ -231,7 +233,7 @@ def test_score_batch_is_deterministic_and_metrics(verifier: Verifier) -> None:
 TWO_STAGE_CHECK = r"""
 import json, sys
 from latex2sympy2_extended.latex2sympy2 import latex2sympy
-from retool_cli.reward import install_two_stage_latex_parsing
+from retool_cli.judge import install_two_stage_latex_parsing
 
 def parsed(text):
     try:

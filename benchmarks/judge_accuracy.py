@@ -1,0 +1,69 @@
+"""Judge accuracy by answer category: correct verdicts of ours (the Verifier: fast path + judge workers), plain
+`math_verify.verify(parse(gold), parse(pred))`, and math-verify reading both answers as math (`$gold$`, `$pred$`),
+on the labelled pairs of tests/data/judge_cases.jsonl; then agreement with math-verify's own suite.
+
+    python benchmarks/judge_accuracy.py [--cases tests/data/judge_cases.jsonl] [--wrong]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+
+from retool_cli.reward import Verifier
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def math_verify(gold: str, pred: str, as_math: bool) -> bool:
+    from math_verify import parse, verify
+
+    wrap = (lambda s: f"${s}$") if as_math else (lambda s: s)
+    try:
+        return bool(verify(parse(wrap(gold)), parse(wrap(pred))))
+    except Exception:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=Path, default=ROOT / "tests" / "data" / "judge_cases.jsonl")
+    parser.add_argument("--suite", type=Path, default=ROOT / "tests" / "data" / "math_verify_cases.jsonl")
+    parser.add_argument("--wrong", action="store_true", help="list the pairs each judge gets wrong")
+    args = parser.parse_args()
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    rows = [json.loads(line) for line in args.cases.read_text(encoding="utf-8").splitlines()]
+    with Verifier(timeout_s=20.0, workers=2) as verifier:
+        ours = [v.equivalent for v in verifier.verify_many([(r["gold"], r["pred"]) for r in rows])]
+        suite = [json.loads(line) for line in args.suite.read_text(encoding="utf-8").splitlines()]
+        suite_ours = verifier.verify_many([(r["gold"], r["pred"]) for r in suite])
+    judges = {"ours": ours, "plain math-verify": [math_verify(r["gold"], r["pred"], False) for r in rows],
+              "math-verify `$...$`": [math_verify(r["gold"], r["pred"], True) for r in rows]}  # fmt: skip
+    table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for i, row in enumerate(rows):
+        table[row["category"]]["pairs"] += 1
+        for name, verdicts in judges.items():
+            table[row["category"]][name] += verdicts[i] is row["equal"]
+            if args.wrong and verdicts[i] is not row["equal"]:
+                print(
+                    f"  {name:20} wrong on {row['id']}: {row['gold']!r} vs {row['pred']!r} (label {row['equal']})"
+                )
+    print("| category | pairs | " + " | ".join(judges) + " |")
+    print("|---|---:|" + "---:|" * len(judges))
+    for category, counts in [
+        *table.items(),
+        ("**all**", {k: sum(c[k] for c in table.values()) for k in ("pairs", *judges)}),
+    ]:
+        print(
+            f"| {category} | {counts['pairs']} | " + " | ".join(str(counts[name]) for name in judges) + " |"
+        )
+    agree = sum(v.equivalent is r["expected"] for v, r in zip(suite_ours, suite, strict=True))
+    plain = sum(math_verify(r["gold"], r["pred"], False) is r["expected"] for r in suite)
+    print(f"\nmath-verify's suite: ours {agree}/{len(suite)}, plain math-verify {plain}/{len(suite)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""The judge: is a final answer equal to the reference? Runs inside math-verify worker processes (reward.Verifier).
+
+    answer (a box's content) --read_answer: plain-text forms settled explicitly--> LaTeX
+      --hedged? (a list of candidates against one value) --> not equal
+      --math-verify reading $...$ (sympy)--> i as the imaginary unit, inequalities as sets
+      --verify, then decimals settled exactly (0.333 is not 1/3)--> verdict
+
+A box's content is read as math: math-verify's plain-text reading takes `2x+3` for the number 3 and `26, 25` for
+25. The forms plain text needs (thousands separators, a decimal comma against a decimal, mixed numbers, unit and
+percent words, empty-set spellings, set-builder notation) are rewritten first, each by one rule below. A whole
+response (anything with math delimiters or a `\\boxed`) is left to math-verify's own extraction, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+
+# ------------------------------------------------------------------ reading a box's content
+
+_TEXT_MARKERS = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\{[^{}]*\}")
+_UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00f7": "\\div ", "\u2264": "\\le ",
+            "\u2265": "\\ge ", "\u2260": "\\neq ", "\u221e": "\\infty ", "\u03c0": "\\pi ", "\u221a": "\\sqrt",
+            "\u00b2": "^2", "\u00b3": "^3", "\u00b0": "^\\circ", "\u2205": "\\emptyset "}  # fmt: skip
+_EMPTY_SET = re.compile(
+    r"^(?:\\varnothing|\\emptyset|\\\{\s*\\\}|(?:\\text\{)?\s*(?:no\s+(?:real\s+)?solutions?|none|empty\s+set)\s*\}?)$",
+    re.IGNORECASE,
+)
+_SET_BUILDER = re.compile(
+    r"^\\\{\s*([A-Za-z])\s*(?:\\in\s*\\mathbb\{?R\}?\s*)?(?:\\mid|\||:)\s*(.+?)\s*\\\}$"
+)
+_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
+_SPACED_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:(?:\\,|\\ |~| )\d{3})+(?:\.\d+)?$")
+_DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
+_DECIMAL = re.compile(r"^-?\d*\.\d+$")
+_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}$")
+_PERCENT_WORD = re.compile(r"(\d)\s*(?:percent(?:age)?|pct)\b\.?", re.IGNORECASE)
+_CURRENCY = re.compile(r"^(?:\\\$|US\$|USD|[€£¥])\s*|\s*(?:\\\$|[€£¥]|USD|dollars?|cents?|euros?|yuan)\.?$")
+_BARE_WORD = re.compile(r"^[A-Za-z]{2,}$")
+_UNIT = re.compile(
+    r"(\d)\s*\\(?:text|textnormal|mbox|mathrm)\{\s*(?!(?:or|and)\s*\})[A-Za-z][A-Za-z ./]*\}(?:\s*\^\s*\{?[23]\}?)?"
+)
+_TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-z])")
+_DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\\circ\}?")
+
+
+def is_text(answer: str) -> bool:
+    """A whole response or a sentence, rather than the content of a box."""
+    if _TEXT_MARKERS.search(answer):
+        return True
+    return len(_WORD.findall(_LATEX_TEXT.sub(" ", answer))) >= 4  # a sentence, not an answer
+
+
+def read_answer(answer: str, other: str) -> str:
+    """LaTeX for a box's content, with the forms plain text needs settled: `other` (the answer it is compared
+    with) decides the two ambiguous commas, as a reader would: `1,000` is a thousand against a number, `1,5`
+    is one and a half only against a decimal."""
+    text = answer.strip()
+    for char, latex in _UNICODE.items():
+        text = text.replace(char, latex)
+    text = text.replace(",\\!", ",").replace("{,}", ",").strip()
+    if text.endswith(".") and not text.endswith("\\."):  # a sentence's full stop
+        text = text[:-1].rstrip()
+    if _EMPTY_SET.match(text):
+        return "\\emptyset"
+    spaced = re.sub(r"\\[,;:! ]", " ", text).replace("\\left\\{", "\\{").replace("\\right\\}", "\\}")
+    if match := _SET_BUILDER.match(spaced):
+        return match.group(2)  # {x | x > 2} is read as x > 2, which is compared with sets as a set
+    if _TRIG.search(text):  # sin 60^\\circ is read in degrees (math-verify drops the mark: sin of 60 radians)
+        text = _DEGREES.sub(r"(\\frac{\1\\pi}{180})", text)
+    text = _PERCENT_WORD.sub(r"\1\\%", text)
+    text = _UNIT.sub(r"\1", text)  # 864 \\mbox{ inches}^2, also inside brackets where math-verify keeps units
+    text = _CURRENCY.sub("", text).strip()
+    other_is_list = candidate_count(other) > 1
+    if _THOUSANDS.match(text) and not other_is_list:
+        return text.replace(",", "")
+    if _SPACED_THOUSANDS.match(text):
+        return re.sub(r"\\,|\\ |~| ", "", text)
+    if _DECIMAL_COMMA.match(text) and _DECIMAL.match(other.strip()):
+        return text.replace(",", ".")  # 1000,99 against 1000.99: a decimal comma
+    if match := _MIXED_NUMBER.match(text):
+        sign, whole, num, den = match.groups()
+        if int(num) < int(den):  # 1\frac{4}{5} is one and four fifths
+            return f"{sign}({whole}+\\frac{{{num}}}{{{den}}})"
+    if _BARE_WORD.match(text):
+        return f"\\text{{{text}}}"  # a name ("Navin"), not a product of symbols
+    return text
+
+
+# ------------------------------------------------------------------ hedges
+
+_ALTERNATIVE = re.compile(r"(?<![\\A-Za-z])(?:or|and)(?![A-Za-z])|\\lor|\\vee|\\text\{\s*(?:or|and)\s*\}")
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def candidate_count(answer: str) -> int:
+    """How many values an answer gives: parts of a top-level list (`,` `;` `or` `and`) or of the one set
+    or tuple it is, and two for each `\\pm`. An `or` anywhere (`25 (or 26)`) is one more candidate."""
+    text = re.sub(r"\\left|\\right|\\[,;! ]|\\quad|\\qquad", " ", answer)
+    text = text.replace("\\{", "{").replace("\\}", "}").strip()
+    nested_alternatives = 0
+    if len(text) > 1 and text[0] in "({" and _matching_close(text, 0) == len(text) - 1:
+        text = text[1:-1]  # the whole answer is one set or tuple: count its elements ([a, b] is one interval)
+    parts, depth, current = [], 0, []
+    marked = _ALTERNATIVE.sub("\0", text)
+    for char in marked:
+        depth += (char in _OPEN) - (char in _CLOSE)
+        if depth == 0 and char in ",;\0":
+            parts.append("".join(current))
+            current = []
+        else:
+            nested_alternatives += char == "\0"
+            current.append(char)
+    parts.append("".join(current))
+    values = [part for part in parts if part.strip()]
+    plus_minus = sum(part.count("\\pm") + part.count("\\mp") for part in values)
+    return len(values) + plus_minus + nested_alternatives
+
+
+def _matching_close(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        depth += (text[i] in _OPEN) - (text[i] in _CLOSE)
+        if depth == 0:
+            return i
+    return -1
+
+
+def hedged(gold: str, pred: str) -> bool:
+    """A list of candidates never earns the reward unless the reference is a list of that many values."""
+    count = candidate_count(pred)
+    return count > 1 and count != candidate_count(gold)
+
+
+# ------------------------------------------------------------------ comparing the parsed answers
+
+
+def _as_math(text: str) -> str:
+    """math-verify reads bare LaTeX ("\\frac12", "(1,2]", "1.5\\times10^{3}") only inside math delimiters;
+    plain text ("1000,99", "7,425,000") it reads better as it is."""
+    if any(d in text for d in ("$", "\\(", "\\[", "\\boxed")) or not any(c in text for c in "\\{}[]()^_"):
+        return text
+    return f"${text}$"
+
+
+def _with_imaginary_unit(parsed: list) -> list:
+    """In a math answer `i` is the imaginary unit: `2e^{i\\pi/3}` equals `1+\\sqrt{3}i` only then."""
+    import sympy
+
+    def substituted(x):
+        if not isinstance(x, sympy.Basic):
+            return x
+        return x.xreplace({s: sympy.I for s in x.free_symbols if getattr(s, "name", "") == "i"})
+
+    return [substituted(x) for x in parsed]
+
+
+def _region(expr):
+    """The set of reals an interval, a union, `x \\in S`, an inequality, a conjunction or a list of alternatives
+    (`x<-2 or x>2`) in one variable describes; None for anything else (a number, a list of values)."""
+    import sympy
+
+    if isinstance(expr, sympy.Eq) and isinstance(expr.rhs, sympy.Set) and isinstance(expr.lhs, sympy.Symbol):
+        expr = expr.rhs  # x \\in [1, 3]
+    if isinstance(expr, (sympy.Interval, sympy.Union, sympy.Complement, sympy.Intersection)):
+        return expr
+    relations = list(expr.args) if isinstance(expr, sympy.FiniteSet) else [expr]
+    if not all(
+        isinstance(r, (sympy.Rel, sympy.And, sympy.Or)) and not isinstance(r, sympy.Eq) for r in relations
+    ):
+        return None
+    symbols = set().union(*(r.free_symbols for r in relations))
+    if len(symbols) != 1:
+        return None
+    try:
+        return sympy.Union(*(r.as_set() for r in relations))
+    except (NotImplementedError, TypeError, ValueError):
+        return None
+
+
+def _same_equation(gold, pred) -> bool:
+    """`2x = 10` and `x = 5`: one equation with its sides moved or scaled (math-verify takes `x = 5` for 5)."""
+    import sympy
+
+    if not (isinstance(gold, sympy.Eq) and isinstance(pred, sympy.Eq)):
+        return False
+    try:
+        ratio = sympy.simplify((gold.lhs - gold.rhs) / (pred.lhs - pred.rhs))
+    except (TypeError, ValueError, ZeroDivisionError):
+        return False
+    return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
+
+
+def _decimals(expr) -> set:
+    import sympy
+
+    return expr.atoms(sympy.Float) if isinstance(expr, sympy.Basic) else set()
+
+
+def _exact(expr):
+    """Decimals as the exact fractions they spell (0.333 is 333/1000, not 1/3)."""
+    import sympy
+
+    return expr.xreplace({f: sympy.Rational(str(f)) for f in _decimals(expr)})
+
+
+def _settle_decimals(gold, pred, verdict: bool, gold_text: str) -> bool:
+    """math-verify compares numbers rounded to 6 places, so 0.3333333 would earn 1/3. A decimal answer must
+    equal the reference exactly; an exact answer against a decimal reference must round to it."""
+    import sympy
+
+    scalar = all(isinstance(x, sympy.Expr) and not x.free_symbols for x in (gold, pred))
+    if not scalar:
+        return verdict
+    try:
+        if _decimals(pred):
+            return bool(sympy.simplify(_exact(gold) - _exact(pred)) == 0)
+        if _decimals(gold):
+            places = max((len(d) for d in re.findall(r"\.(\d+)", gold_text)), default=0)
+            return verdict or abs(float(sympy.N(pred - _exact(gold), 30))) <= 0.5 * 10.0**-places
+    except (TypeError, ValueError, AttributeError):
+        return verdict
+    return verdict
+
+
+@functools.lru_cache(maxsize=4096)  # a reference answer is judged against many samples
+def _parse(text: str) -> tuple:
+    from math_verify import parse
+
+    return tuple(parse(text, parsing_timeout=None))
+
+
+def judge(gold: str, pred: str) -> bool:
+    """Whether `pred` (a box's content, or a whole response) gives the reference answer `gold`."""
+    from math_verify import verify
+
+    if is_text(pred):  # a whole response: math-verify finds the answer in it
+        return bool(verify(list(_parse(_as_math(gold))), list(_parse(_as_math(pred))), timeout_seconds=None))
+    gold_latex = gold if is_text(gold) else read_answer(gold, pred)
+    pred_latex = read_answer(pred, gold)
+    g = _with_imaginary_unit(list(_parse(_as_math(gold_latex) if is_text(gold) else f"${gold_latex}$")))
+    p = _with_imaginary_unit(list(_parse(f"${pred_latex}$")))
+    if not g or not p:
+        return False
+    region = _region(g[0])
+    if region is None and hedged(gold_latex, pred_latex):
+        return False
+    if region is not None and (wanted := _region(p[0])) is not None:
+        return _exact(region) == _exact(
+            wanted
+        )  # sympy keeps sets canonical: (2, oo) from x > 2 is Interval.open(2, oo)
+    # float_rounding=12, not math-verify's 6: inside tuples, sets and matrices too, 1.0000001 is not 1
+    verdict = bool(
+        verify(g, p, float_rounding=12, allow_set_relation_comp=region is not None, timeout_seconds=None)
+    )
+    return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)
+
+
+# ------------------------------------------------------------------ the worker process
+
+
+def install_two_stage_latex_parsing() -> bool:
+    """Make math-verify's LaTeX parser (latex2sympy2's ANTLR grammar) try ANTLR's fast SLL prediction first
+    and fall back to full LL only when that raises. ANTLR guarantees that an SLL parse without a syntax error
+    is the tree LL would build, and any error (syntax or conversion) re-runs the original LL parse, so results
+    are unchanged; parsing, ~85% of math-verify's time, gets about 2x faster. Inputs nested deeper than 12
+    brackets keep plain LL (see below). Returns False, changing nothing, when latex2sympy2's internals are not
+    the ones this was written against (1.11)."""
+    try:
+        from antlr4.atn.PredictionMode import PredictionMode
+        from latex2sympy2_extended import latex2sympy2
+
+        converter = latex2sympy2._Latex2Sympy
+        create_parser, parse = converter.create_parser, converter.parse
+    except (ImportError, AttributeError):
+        return False
+
+    def create_parser_in_mode(self, latex_str):
+        parser = create_parser(self, latex_str)
+        parser._interp.predictionMode = getattr(self, "_retool_prediction_mode", PredictionMode.LL)
+        return parser
+
+    def parse_sll_then_ll(self, latex_str):
+        self._retool_prediction_mode = PredictionMode.LL
+        if _bracket_depth(latex_str) > 12:  # deep nesting: LL may hit Python's recursion limit where SLL
+            return parse(self, latex_str)  # would not, and SLL can take minutes; keep the original behaviour
+        self._retool_prediction_mode = PredictionMode.SLL
+        try:
+            return parse(self, latex_str)
+        except Exception:
+            self._retool_prediction_mode = PredictionMode.LL
+            return parse(self, latex_str)
+
+    converter.create_parser, converter.parse = create_parser_in_mode, parse_sll_then_ll
+    return True
+
+
+def _bracket_depth(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        if char in "({[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")}]":
+            depth -= 1
+    return deepest
+
+
+def judge_worker_main() -> None:
+    """A judge process: one JSON line [gold, pred] in, one JSON line (the verdict) out."""
+    import logging
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its alarm timeouts
+    install_two_stage_latex_parsing()
+    import math_verify  # noqa: F401  (imported before "ready": import time is not a pair's time)
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        gold, pred = json.loads(line)
+        try:
+            verdict = judge(gold, pred)
+        except Exception:
+            verdict = False
+        print(json.dumps(verdict), flush=True)
