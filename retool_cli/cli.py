@@ -7,6 +7,7 @@ Slurm launchers work as in any Hydra app.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -63,20 +64,74 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
 
     from retool_cli.config import CONF_DIR, register_configs, to_config
     from retool_cli.errors import RetoolError
+    from retool_cli.files import write_json
+    from retool_cli.provenance import provenance
 
     def task(cfg: DictConfig) -> None:
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
         try:
             config = to_config(cfg)
-            main(config, Path(HydraConfig.get().runtime.output_dir))
+            record = provenance(config, [command, *args])
+            record["overrides"] = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
+            write_json(run_dir / "provenance.json", record)
+            main(config, run_dir)
         except (RetoolError, OmegaConfBaseException) as exc:
-            # Bad input, not a bug: one clear message, no traceback, non-zero exit.
+            # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left.
             log.error("%s", str(exc).strip())
+            discard_if_empty(run_dir)
             raise SystemExit(1) from None
 
     register_configs()
+    if "--help" in args or "-h" in args:
+        print(command_help(command, [a for a in args if not a.startswith("-")]), end="")
+        return
     _quiet_libraries()
     sys.argv = [f"retool {command}", *hydra_argv(args)]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+def command_help(command: str, overrides: list[str]) -> str:
+    """The command's help, with its keys' values as composed under the overrides given (none if they fail)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from retool_cli.config import CONF_DIR
+    from retool_cli.help import COMMANDS, render
+
+    values: dict[str, object] = {}
+    try:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=command, overrides=overrides)
+        for key in COMMANDS[command].keys:
+            value = OmegaConf.select(cfg, key, default="-")
+            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            values[key] = getattr(value, "value", value)  # an enum as the text one types
+    except Exception as exc:  # an override that does not compose: the help without values, and why
+        log.warning("(values not shown: %s)", str(exc).splitlines()[0])
+    return render(command, values)
+
+
+# What a run folder holds before its command has produced anything.
+_BOOKKEEPING = {".hydra", "run_key.txt", "resumed_into.txt", "provenance.json"}
+
+
+def discard_if_empty(run_dir: Path) -> bool:
+    """Remove a run folder that holds only Hydra's and our bookkeeping (a run that failed on bad input before
+    writing anything), and its date folder if that is left empty. A folder with any output is kept."""
+    import shutil
+
+    if not run_dir.is_dir():
+        return False
+    names = {p.name for p in run_dir.iterdir()}
+    if not names <= _BOOKKEEPING | {f.name for f in run_dir.glob("*.log")}:
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.parent.rmdir()  # outputs/CMD/DATE, when this was its only run
+    return True
 
 
 def _quiet_libraries() -> None:

@@ -45,8 +45,8 @@ class ColumnsConfig:
     """Where the fields of a MathExample live in a source row. Dotted paths reach into nested
     values (`reward_model.ground_truth`), integers index lists (`prompt.0.content`)."""
 
-    question: str = "problem"
-    answer: str = "answer"
+    question: str = "problem"  # the column (or dotted path) holding the problem text
+    answer: str = "answer"  # the column holding the reference answer
     id: str | None = None  # None: ids are made from the source name and the row number
 
 
@@ -66,16 +66,17 @@ class SyntheticConfig:
 class DataConfig:
     """A dataset source and how `retool prepare` turns it into train.jsonl / dev.jsonl."""
 
-    source: DataSource = DataSource.synthetic
+    source: DataSource = DataSource.synthetic  # which reader and cleaning rules (see DataSource)
     name: str = "synthetic"  # the data_source tag written on every example
     path: str | None = None  # local file or folder; for hub sources it replaces the download
     hub_id: str | None = None  # dataset id on the Hugging Face hub (hub sources only)
     revision: str = "main"  # hub revision (branch, tag or commit); pin a commit for reproducible runs
     split: str = "train"  # hub split to read
-    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)  # where the fields live in a source row
     strip_dapo_template: bool = False  # remove DAPO's "Solve ... Answer: $Answer" prefix and suffix
     dev_size: int = 0  # examples split off into dev.jsonl (by seed) after dedupe
     max_examples: int | None = None  # keep at most this many training examples (after the split)
+    # the built-in task (source=synthetic)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self) -> None:
@@ -100,12 +101,14 @@ class ModelConfig:
     # turn auto into fp32 weights under bf16 autocast (mixed precision: AdamW must update fp32 weights)
     dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda; auto = cuda when available
-    max_context_tokens: int = 4096  # prompt + response budget of one trajectory
+    # prompt + response budget of one trajectory (vLLM's max_model_len); None = rollout.max_prompt_tokens + the
+    # largest response budget the command samples with (rollout's in train, the benchmark's in eval)
+    max_context_tokens: int | None = None
     # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
     # Checkpoints hold the merged weights (from_pretrained / vLLM load them) and the adapter (for resume).
     lora_rank: int = 0  # 0 = off (full fine-tuning)
     lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora_rank
-    lora_dropout: float = 0.0
+    lora_dropout: float = 0.0  # dropout on the adapters' input
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )  # module names that get adapters (Llama-family names)
@@ -132,20 +135,26 @@ class LossAgg(enum.Enum):
 class RolloutConfig:
     """Sampling of trajectories with the agent loop (train, eval, filter-pass-rate)."""
 
-    engine: Engine = Engine.hf
+    engine: Engine = Engine.hf  # hf (transformers, CPU or CUDA) | vllm (vLLM's engine, CUDA or its CPU build)
     # Weights the engine generates with: auto = the policy's own (hf: shared with the trainer, nothing to
     # copy); float32 | bfloat16 | float16 = a copy in that dtype, refreshed after each optimizer step
     # (e.g. bfloat16 sampling next to an fp32 trainer, as vLLM-based recipes do; the trainer recomputes
     # the logprobs it trains on in its own precision). vLLM: its dtype; auto = model.dtype, bfloat16 for auto.
     dtype: str = "auto"
     group_size: int = 8  # samples per question (GRPO group)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature of training rollouts
+    top_p: float = 1.0  # nucleus sampling of training rollouts (1 = off)
     top_k: int = 0  # 0 = off
     max_response_tokens: int = 1024  # all tokens after the prompt, tool output included
+    # the longest prompt (system prompt + question, templated) the budgets are sized for: model.max_context_tokens
+    # must hold it plus the response budget; `train` drops longer prompts (counted in the log, as verl's
+    # filter_overlong_prompts), `eval` refuses them
+    max_prompt_tokens: int = 1024
     max_turns: int = 6  # generation segments (assistant turns) per trajectory
     max_code_calls: int = 4  # interpreter calls per trajectory
-    max_tokens_per_turn: int = 1024  # new tokens of one generation segment
+    # new tokens of one generation segment; a segment that reaches it ends the trajectory as truncated.
+    # None = what is left of max_response_tokens (verl's multi-turn rollout), so one long reasoning segment fits
+    max_tokens_per_turn: int | None = None
     max_tool_result_tokens: int = 512  # tokens of one interpreter result (head and tail kept)
     overlap_sandbox: bool = True  # run half the batch's code while the other half generates
     max_sandbox_infra_error_rate: float = (
@@ -164,8 +173,10 @@ class RolloutConfig:
         _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
-        for key in ("max_response_tokens", "max_turns", "max_tokens_per_turn", "max_tool_result_tokens"):
+        for key in ("max_response_tokens", "max_prompt_tokens", "max_turns", "max_tool_result_tokens"):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
+        per_turn = self.max_tokens_per_turn
+        _check(per_turn is None or per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1 (or null)")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
         dtypes = ("auto", "float32", "bfloat16", "float16")
         _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
@@ -201,14 +212,15 @@ DEFAULT_SYSTEM_PROMPT = (
 class ProtocolConfig:
     """How model and interpreter exchange code and results (retool_cli/protocol.py)."""
 
-    name: ProtocolName = ProtocolName.retool_tags
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    name: ProtocolName = ProtocolName.retool_tags  # retool_tags | chat_tool | none (text only)
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT  # retool_tags: how to call the interpreter and answer
     # chat_tool: the tool itself is described by the chat template's tools section
     chat_tool_system_prompt: str = (
         "Solve the math problem. You can call the code_interpreter tool to run Python; each call runs in a fresh "
         "interpreter with a short time limit and returns only what the code prints. "
         "Put the final answer in \\boxed{}."
     )
+    # protocol=none: the text-only baseline
     text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
 
@@ -222,9 +234,9 @@ class Advantage(enum.Enum):
 class TrainerConfig:
     """Optimisation of `retool train` (RL) and `retool sft`; what each step does is in retool_cli/rl.py."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
+    lr: float = 1e-6  # AdamW learning rate (the paper's 1e-6 at 7B-32B; the tiny smoke model takes 1e-4)
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear warm-up steps of the learning rate
     schedule: str = "constant"  # constant | cosine (after warm-up)
     grad_clip: float = 1.0  # max global gradient norm
     total_steps: int = 100  # optimizer steps of the run (RL: one rollout batch each)
@@ -234,13 +246,13 @@ class TrainerConfig:
     micro_batch_tokens: int = (
         16384  # token budget of one forward/backward (sorted by length, no padding waste)
     )
-    advantage: Advantage = Advantage.grpo
+    advantage: Advantage = Advantage.grpo  # grpo | dr_grpo | rloo (retool_cli/algorithms.py)
     clip_low: float = 0.2  # PPO ratio clip below 1
     clip_high: float = 0.28  # PPO ratio clip above 1 (DAPO clip-higher)
     dual_clip: float | None = (
         None  # bound the loss of negative advantages at dual_clip x |A| (e.g. 3.0); None = off
     )
-    loss_agg: LossAgg = LossAgg.token_mean
+    loss_agg: LossAgg = LossAgg.token_mean  # how token losses become the batch loss (see LossAgg)
     kl_coef: float = 0.0  # KL to the frozen initial policy (0 = off, no reference model kept)
     kl_estimator: str = "k3"  # k1 | k3
     entropy_coef: float = 0.0  # entropy bonus (0 = off)
@@ -281,19 +293,19 @@ class TrainerConfig:
 class SFTConfig:
     """Cold-start fine-tuning on code-interleaved traces (`retool sft`)."""
 
-    steps: int = 1000
-    lr: float = 2e-3
+    steps: int = 1000  # optimizer steps
+    lr: float = 2e-3  # AdamW learning rate
     batch_size: int = 64  # traces per optimizer step
-    warmup_steps: int = 50
-    schedule: str = "cosine"
-    weight_decay: float = 0.0
+    warmup_steps: int = 50  # linear warm-up steps
+    schedule: str = "cosine"  # constant | cosine (after warm-up)
+    weight_decay: float = 0.0  # AdamW weight decay
     code_fraction: float = (
         0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
     )
     traces_file: str | None = (
         None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
     )
-    log_every: int = 25
+    log_every: int = 25  # steps between lines of metrics.jsonl and the log
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "sft.steps", "must be >= 1")
@@ -315,7 +327,7 @@ class Isolation(enum.Enum):
 class SandboxConfig:
     """The code interpreter (retool_cli/sandbox.py). Limits apply to each call."""
 
-    isolation: Isolation = Isolation.auto
+    isolation: Isolation = Isolation.auto  # auto | bwrap | rlimits (see Isolation)
     workers: int = 2  # warm worker processes = snippets run at the same time
     timeout_s: float = 10.0  # wall-clock limit; the call's whole process tree is killed after it
     cpu_time_s: int = 10  # CPU-seconds limit (RLIMIT_CPU)
@@ -370,7 +382,7 @@ class RewardFunction(enum.Enum):
 class RewardConfig:
     """The reward of a trajectory (retool_cli/reward.py); eval uses the same judge."""
 
-    function: RewardFunction = RewardFunction.correctness
+    function: RewardFunction = RewardFunction.correctness  # correctness | dapo_strict (see RewardFunction)
     answer_window_chars: int = 300  # the boxed answer must start within the final text's last N characters
     judge_timeout_s: float = 5.0  # hard bound per math-verify check; a timed-out pair counts as wrong
     judge_workers: int = 2  # math-verify worker processes
@@ -404,12 +416,12 @@ class SplitPart(enum.Enum):
 class BenchmarkConfig:
     """An evaluation set and its protocol: samples per problem and sampling settings (as in open-r1)."""
 
-    name: str = "smoke"
+    name: str = "smoke"  # the benchmark's name in reports (the option's file sets it)
     data: DataConfig | None = None  # where the problems come from; None = the run's own `data` section
-    part: SplitPart = SplitPart.all
+    part: SplitPart = SplitPart.all  # all | dev (the dev split of the data, as `retool prepare` makes it)
     n_samples: int = 4  # samples per problem (AIME 64, MATH-500 4)
-    temperature: float = 0.6
-    top_p: float = 0.95
+    temperature: float = 0.6  # sampling temperature (open-r1: 0.6)
+    top_p: float = 0.95  # nucleus sampling (open-r1: 0.95)
     max_response_tokens: int = 8192  # the token budget of one trajectory, tool output included
     max_problems: int | None = None  # evaluate only the first N problems (quick checks)
 
@@ -485,7 +497,7 @@ class PassRateConfig:
     input: str | None = None  # a MathExample JSONL; None = the train split of the `data` section
     n_samples: int = 8  # samples per problem, through the training agent loop, protocol, tools and reward
     low: float = 0.0  # keep problems with low < pass rate < high (open-r1's DAPO recipe: 0.1, 0.6)
-    high: float = 1.0
+    high: float = 1.0  # see low
 
     def __post_init__(self) -> None:
         _check(self.n_samples >= 1, "filter.n_samples", "must be >= 1")
@@ -518,11 +530,43 @@ class RetoolConfig:
     ckpt: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_budgets()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
         hf_copy = self.rollout.engine is Engine.hf and self.rollout.dtype != "auto"
         _check(not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)), "trainer.fsdp",
                "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
                "use data parallel (trainer.fsdp=false) for them")  # fmt: skip
+
+    def _response_budgets(self) -> list[tuple[str, int]]:
+        """(key, tokens) of each response budget this command samples with."""
+        if self.command == "eval":
+            return [("benchmark.max_response_tokens", self.benchmark.max_response_tokens)]
+        budgets = [("rollout.max_response_tokens", self.rollout.max_response_tokens)]
+        if self.command == "train" and self.trainer.eval_every > 0:
+            budgets.append(("benchmark.max_response_tokens", self.benchmark.max_response_tokens))
+        return budgets
+
+    def context_tokens(self) -> int:
+        """model.max_context_tokens, or when it is None the longest prompt plus the largest response budget."""
+        if self.model.max_context_tokens is not None:
+            return self.model.max_context_tokens
+        return self.rollout.max_prompt_tokens + max(tokens for _, tokens in self._response_budgets())
+
+    def _check_budgets(self) -> None:
+        """The context must hold the longest prompt and the whole response budget of what this command samples:
+        RL rollouts (train, filter-pass-rate) and benchmark samples (eval, and train's periodic eval)."""
+        if self.command not in ("train", "eval", "filter-pass-rate"):
+            return  # prepare, decontaminate and sft sample nothing
+        context, prompt = self.context_tokens(), self.rollout.max_prompt_tokens
+        per_turn, turns = self.rollout.max_tokens_per_turn, self.rollout.max_turns
+        for key, response in self._response_budgets():
+            _check(context >= prompt + response, "model.max_context_tokens",
+                   f"{context} is shorter than rollout.max_prompt_tokens={prompt} + {key}={response}; "
+                   f"raise it to {prompt + response} or lower one of the two")  # fmt: skip
+            _check(per_turn is None or per_turn * turns >= response, "rollout.max_tokens_per_turn",
+                   f"{per_turn} x rollout.max_turns={turns} cannot reach {key}={response}: a segment that reaches the "
+                   "per-turn cap ends its trajectory as truncated, so long reasoning would be cut; raise it or set it "
+                   "to null (the rest of the response budget)")  # fmt: skip
 
 
 def register_configs() -> None:

@@ -8,6 +8,7 @@ source rows --read_source_rows--> RawRow(where, fields)
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import unicodedata
@@ -38,6 +39,15 @@ _FIELDS = ("id", "question", "answer", "data_source")
 
 
 # --------------------------------------------------------------------------- MathExample JSONL
+
+
+def load_examples(path: str, key: str) -> list[MathExample]:
+    """The examples of a MathExample JSONL named by the config key `key`; an empty file is an error (a run on
+    no problems would train or measure nothing and still exit 0)."""
+    examples = load_jsonl(path)
+    if not examples:
+        raise DataError(f"{key}={path}: the file holds no examples")
+    return examples
 
 
 def load_jsonl(path: str | Path) -> list[MathExample]:
@@ -190,8 +200,9 @@ def _load_local_dataset(path: Path) -> Any:
     return datasets.load_dataset(str(path), split="train")
 
 
-def read_hub_rows(hub_id: str, revision: str, split: str) -> Iterator[RawRow]:
-    """Rows of a hub dataset (downloads on first use; honours HF_HUB_OFFLINE and the local cache)."""
+def read_hub_rows(hub_id: str, revision: str, split: str, path_key: str = "data.path") -> Iterator[RawRow]:
+    """Rows of a hub dataset (downloads on first use; honours HF_HUB_OFFLINE and the local cache). `path_key`
+    is the config key that takes a local copy instead, named in the error when the hub cannot be reached."""
     import datasets
 
     try:
@@ -199,11 +210,12 @@ def read_hub_rows(hub_id: str, revision: str, split: str) -> Iterator[RawRow]:
     except Exception as exc:  # network, auth, missing split: say which dataset and how to avoid the hub
         raise DataError(
             f"could not load hub dataset {hub_id!r} (revision {revision!r}, split {split!r}): {exc}. "
-            "Offline? Pass a local copy with data.path=FILE_OR_FOLDER."
+            f"Offline? Pass a local copy with {path_key}=FILE_OR_FOLDER."
         ) from exc
     yield from _dataset_rows(dataset, f"{hub_id}[{split}]")
 
 
+@functools.lru_cache(maxsize=64)  # asked by the data loader and by the provenance record of the same run
 def resolve_hub_revision(hub_id: str, revision: str) -> str | None:
     """The commit a branch or tag points to now, recorded so that a run can be pinned afterwards (None offline)."""
     try:
@@ -219,12 +231,16 @@ def _dataset_rows(dataset: Any, name: str) -> Iterator[RawRow]:
         yield RawRow(f"{name} row {index}", dict(row))
 
 
-def read_source_rows(cfg: DataConfig) -> Iterator[RawRow]:
+def read_source_rows(cfg: DataConfig, path_key: str = "data.path") -> Iterator[RawRow]:
+    """Rows of a data section; `path_key` is the config key of its local copy (data.path, benchmark.data.path,
+    decontam.benchmark_paths.NAME), named in errors."""
     if cfg.path:
         return read_local_rows(cfg.path)
     if not cfg.hub_id:
-        raise DataError(f"data.hub_id or data.path is required for data.source={cfg.source.value}")
-    return read_hub_rows(cfg.hub_id, cfg.revision, cfg.split)
+        raise DataError(
+            f"source {cfg.source.value} needs a hub_id or a local copy ({path_key}=FILE_OR_FOLDER)"
+        )
+    return read_hub_rows(cfg.hub_id, cfg.revision, cfg.split, path_key)
 
 
 def get_path(row: dict[str, Any], dotted: str, where: str) -> Any:
@@ -346,15 +362,18 @@ def split_dev(
     return train, dev
 
 
-def prepare_dataset(cfg: DataConfig, seed: int) -> tuple[list[MathExample], list[MathExample], PrepareStats]:
-    """Source -> cleaned, deduplicated (train, dev) examples and the counts behind them."""
+def prepare_dataset(
+    cfg: DataConfig, seed: int, path_key: str = "data.path"
+) -> tuple[list[MathExample], list[MathExample], PrepareStats]:
+    """Source -> cleaned, deduplicated (train, dev) examples and the counts behind them. `path_key`: the config
+    key of a local copy of this source, for error messages."""
     from retool_cli.synthetic import generate_rows
 
     stats = PrepareStats()
     if cfg.source is DataSource.synthetic and not cfg.path:
         rows: Iterable[RawRow] = generate_rows(cfg.synthetic, seed, cfg.name)
     else:
-        rows = read_source_rows(cfg)
+        rows = read_source_rows(cfg, path_key)
         if cfg.hub_id and not cfg.path:
             stats.resolved_revision = resolve_hub_revision(cfg.hub_id, cfg.revision)
     examples = dedupe(to_examples(rows, cfg, stats), stats)

@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 def load_benchmark(cfg: RetoolConfig) -> tuple[list[MathExample], str | None]:
     """The problems to evaluate and the hub commit they came from (None for local or generated data)."""
     bench = cfg.benchmark
-    train, dev, stats = prepare_dataset(bench.data or cfg.data, cfg.seed)
+    train, dev, stats = prepare_dataset(
+        bench.data or cfg.data, cfg.seed, "benchmark.data.path" if bench.data else "data.path"
+    )
     if bench.part is SplitPart.dev:
         if not dev:
             raise ConfigError(
@@ -109,6 +111,13 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
     any split of the problems into shards samples the same trajectories."""
     path = out_dir / "samples.jsonl"
     done = {(r["problem_id"], r["sample_index"]) for r in read_samples(path)}
+    if done:
+        log.info(
+            "resuming %s: %d of %d samples already there",
+            out_dir,
+            len(done),
+            len(problems) * rollout.group_size,
+        )
     judge = replace(
         cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0
     )
@@ -120,7 +129,7 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
             continue
         seed = cfg.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
         trajectories, _ = run_rollouts(chunk, engine, protocol, sandbox, rollout, seed=seed,
-                                       max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
+                                       max_context_tokens=cfg.context_tokens())  # fmt: skip
         scores = score_batch([(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories],
                              judge, verifier)  # fmt: skip
         append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])

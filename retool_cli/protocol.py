@@ -230,3 +230,8 @@ def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | Chat
     if cfg.name is ProtocolName.none:
         return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
     return TaggedProtocol(tokenizer, cfg.system_prompt)
+
+
+def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list, max_tokens: int) -> list:
+    """The examples whose templated prompt is longer than `max_tokens` (rollout.max_prompt_tokens)."""
+    return [ex for ex in examples if len(protocol.prompt_ids(ex.question)) > max_tokens]

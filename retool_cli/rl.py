@@ -55,7 +55,7 @@ def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: i
         cursor += t.questions_per_step
         seed = cfg.seed * 1_000_003 + step * 16 + round_index + rank * 7919
         got, metrics = run_rollouts(questions, engine, protocol, sandbox, cfg.rollout, seed=seed,
-                                    max_context_tokens=cfg.model.max_context_tokens)  # fmt: skip
+                                    max_context_tokens=cfg.context_tokens())  # fmt: skip
         started = time.perf_counter()
         scores = score_batch([(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got],
                              cfg.reward, verifier)  # fmt: skip

@@ -43,3 +43,38 @@ def find_resumable(run_dir: Path, key: str, search_root: Path, finished: str = "
 
 def write_key(out_dir: Path, key: str) -> None:
     (out_dir / KEY_FILE).write_text(key + "\n")
+
+
+def _digest(container: dict) -> str:
+    return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def training_record(checkpoint: Path | None) -> dict | None:
+    """The training run a checkpoint comes from: its folder, seed and setting (its Hydra config without the
+    seed: the runs of a seed sweep share it). None for a model that is no training checkpoint of ours."""
+    if checkpoint is None or checkpoint.parent.name != "checkpoints":
+        return None
+    run = checkpoint.parent.parent
+    saved = run / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return {"run": str(run), "seed": None, "setting": None}
+    config = OmegaConf.load(saved)
+    try:
+        container = OmegaConf.to_container(config, resolve=True)
+    except Exception:  # an interpolation that only resolves inside Hydra: compare the unresolved text
+        container = OmegaConf.to_container(config, resolve=False)
+    seed = container.pop("seed", None)
+    return {"run": str(run), "seed": seed, "setting": _digest(container)}
+
+
+def setting_key(cfg: RetoolConfig, training: dict | None) -> str:
+    """What an eval measures, seeds aside: runs that differ only in their seed (and the training seed of the
+    checkpoint they evaluate) share it, so a report can put them together as one result with a spread."""
+    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    for key in ("seed", "ckpt", "eval"):
+        keep.pop(key, None)
+    if (
+        training is not None and training["setting"] is not None
+    ):  # the same training setting, any seed or step
+        keep["model"]["name_or_path"] = training["setting"]
+    return _digest(keep)

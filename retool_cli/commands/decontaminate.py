@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from retool_cli.config import CONF_DIR, BenchmarkConfig, RetoolConfig
-from retool_cli.data import MathExample, load_jsonl, prepare_dataset
+from retool_cli.data import MathExample, load_examples, prepare_dataset
 from retool_cli.decontam import BenchmarkIndex, flagged, number_precision
 from retool_cli.errors import ConfigError
 from retool_cli.files import write_json, write_jsonl
@@ -33,13 +33,18 @@ def load_benchmark_problems(name: str, paths: dict[str, str | None], seed: int) 
     data = bench.data
     if paths.get(name):
         data = replace(data, path=paths[name])
-    train, dev, _ = prepare_dataset(data, seed)
+    # offline, the hub error names decontam.benchmark_paths.NAME: that is where a local copy goes here
+    train, dev, _ = prepare_dataset(data, seed, path_key=f"decontam.benchmark_paths.{name}")
     return train + dev
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.decontam
-    rows = load_jsonl(cfg.input) if cfg.input else prepare_dataset(config.data, config.seed)[0]
+    rows = (
+        load_examples(cfg.input, "decontam.input")
+        if cfg.input
+        else prepare_dataset(config.data, config.seed)[0]
+    )
     texts = [r.question for r in rows]
     best: dict[int, dict] = {}
     per_benchmark = {}

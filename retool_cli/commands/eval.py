@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import platform
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,8 +12,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from retool_cli import __version__
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
+from retool_cli.errors import DataError
 from retool_cli.evaluation import (
     eval_rollout,
     load_benchmark,
@@ -25,10 +24,11 @@ from retool_cli.evaluation import (
 )
 from retool_cli.files import write_json
 from retool_cli.modeling import load_model, load_tokenizer
-from retool_cli.protocol import build_protocol
+from retool_cli.protocol import build_protocol, overlong_prompts
+from retool_cli.provenance import data_record, package_versions
 from retool_cli.reward import Verifier
 from retool_cli.rollout import build_engine
-from retool_cli.runs import config_key, find_resumable, write_key
+from retool_cli.runs import config_key, find_resumable, setting_key, training_record, write_key
 from retool_cli.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -39,21 +39,25 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         config = replace(
             config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
         )
-    problems, resolved_revision = load_benchmark(config)
+    problems, _ = load_benchmark(config)
     bench = config.benchmark
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    protocol = build_protocol(config.protocol, tokenizer)
+    if overlong := overlong_prompts(protocol, problems, config.rollout.max_prompt_tokens):
+        raise DataError(f"{bench.name}: {len(overlong)} problems have a prompt longer than rollout.max_prompt_tokens="
+                        f"{config.rollout.max_prompt_tokens} (first: {overlong[0].id}); raise it (and "
+                        "model.max_context_tokens with it): a benchmark is measured whole")  # fmt: skip
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
     write_key(out_dir, key)
     log.info("%s: %d problems x %d samples, model %s, protocol %s -> %s", bench.name, len(problems),
              bench.n_samples, config.model.name_or_path, config.protocol.name.value, out_dir)  # fmt: skip
 
-    torch.manual_seed(config.seed)
-    tokenizer = load_tokenizer(config.model)
     model = (
         None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()
     )  # vLLM loads its own
     engine = build_engine(config, model, tokenizer)
-    protocol = build_protocol(config.protocol, tokenizer)
     use_tool = config.protocol.name is not ProtocolName.none
     with contextlib.ExitStack() as stack:
         sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
@@ -69,27 +73,19 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         "metrics": metrics,
         "protocol": {
             "model": config.model.name_or_path, "ckpt": config.ckpt,
+            "training": (training := training_record(Path(config.model.name_or_path) if config.ckpt else None)),
+            "setting": setting_key(config, training),  # shared by the runs of a seed sweep
             "training_step": training_step(config.model.name_or_path if config.ckpt else None),
-            "benchmark": bench.name, "data": (bench.data or config.data).hub_id or (bench.data or config.data).path,
-            "revision": (bench.data or config.data).revision, "resolved_revision": resolved_revision, "tool_protocol": config.protocol.name.value,
+            # what was read: a local file (path, sha256) or the hub (id, revision, the commit it resolved to)
+            "benchmark": bench.name, "data": data_record(bench.data or config.data), "tool_protocol": config.protocol.name.value,
             "n_samples": bench.n_samples, "temperature": bench.temperature, "top_p": bench.top_p,
             "max_response_tokens": bench.max_response_tokens, "seed": config.seed, "engine": config.rollout.engine.value,
-            "versions": {"retool": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                         "transformers": _version("transformers"), "math_verify": _version("math-verify")},
+            "versions": package_versions(),
         },
         "problems": table,
     }  # fmt: skip
     write_json(out_dir / "results.json", results)
     _print_summary(bench.name, metrics, out_dir)
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def _print_summary(name: str, metrics: dict, out_dir: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
-from retool_cli.data import MathExample, load_jsonl, prepare_dataset
+from retool_cli.data import MathExample, load_examples, load_jsonl, prepare_dataset
 from retool_cli.errors import DataError
 from retool_cli.evaluation import resolve_checkpoint, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
@@ -36,7 +36,11 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         config = replace(
             config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
         )
-    problems = load_jsonl(cfg.input) if cfg.input else prepare_dataset(config.data, config.seed)[0]
+    problems = (
+        load_examples(cfg.input, "filter.input")
+        if cfg.input
+        else prepare_dataset(config.data, config.seed)[0]
+    )
     shard = problems[config.shard.index :: config.shard.count]
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl")

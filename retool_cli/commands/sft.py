@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from retool_cli.config import RetoolConfig
-from retool_cli.data import load_jsonl, prepare_dataset
+from retool_cli.data import load_examples, prepare_dataset
+from retool_cli.errors import DataError
 from retool_cli.modeling import load_policy, load_tokenizer, training_precision
 from retool_cli.protocol import build_protocol
 from retool_cli.traces import message_traces, synthetic_traces
@@ -32,19 +33,23 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     config = training_precision(config)
     cfg = config.sft
     torch.manual_seed(config.seed)
+    if not cfg.traces_file:  # the problems first: a bad or empty file fails before the model loads
+        t = config.trainer
+        train = (
+            load_examples(t.train_file, "trainer.train_file")
+            if t.train_file
+            else prepare_dataset(config.data, config.seed)[0]
+        )
     tokenizer = load_tokenizer(config.model)
-    model = load_policy(config.model, gradient_checkpointing=config.trainer.gradient_checkpointing)
-    device = next(model.parameters()).device
     protocol = build_protocol(config.protocol, tokenizer)
     if cfg.traces_file:
         traces = message_traces(cfg.traces_file, protocol)
     else:
-        train = (
-            load_jsonl(config.trainer.train_file)
-            if config.trainer.train_file
-            else prepare_dataset(config.data, config.seed)[0]
-        )
         traces = synthetic_traces(train, protocol, cfg.code_fraction, config.seed)
+    if not traces:
+        raise DataError(f"sft.traces_file={cfg.traces_file}: no traces to train on")
+    model = load_policy(config.model, gradient_checkpointing=config.trainer.gradient_checkpointing)
+    device = next(model.parameters()).device
     log.info("sft: %d traces, %d steps of %d, model %s -> %s", len(traces), cfg.steps, cfg.batch_size,
              config.model.name_or_path, run_dir)  # fmt: skip
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)

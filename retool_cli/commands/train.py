@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
-from retool_cli.data import load_jsonl, prepare_dataset
+from retool_cli.data import load_examples, prepare_dataset
 from retool_cli.distributed import (
     barrier,
     full_state,
@@ -25,7 +25,7 @@ from retool_cli.distributed import (
     launch_processes,
     shard,
 )
-from retool_cli.errors import ConfigError
+from retool_cli.errors import ConfigError, DataError
 from retool_cli.evaluation import (
     eval_rollout,
     resolve_checkpoint,
@@ -33,7 +33,7 @@ from retool_cli.evaluation import (
     summarize,
 )
 from retool_cli.modeling import load_policy, load_tokenizer, training_precision
-from retool_cli.protocol import build_protocol
+from retool_cli.protocol import build_protocol, overlong_prompts
 from retool_cli.reward import Verifier
 from retool_cli.rl import Timer, collect, step_metrics, update
 from retool_cli.rollout import build_engine
@@ -67,6 +67,19 @@ def periodic_eval(
     n = config.benchmark.n_samples
     return {"eval/accuracy": metrics[f"avg@{n}"], "eval/se_problems": metrics["se_problems"],
             "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
+
+
+def drop_overlong_prompts(examples: list, protocol: Any, max_tokens: int) -> list:
+    """Training questions whose prompt fits rollout.max_prompt_tokens (verl's filter_overlong_prompts), counted."""
+    overlong = {ex.id for ex in overlong_prompts(protocol, examples, max_tokens)}
+    if overlong:
+        log.warning("dropped %d of %d training questions whose prompt is longer than rollout.max_prompt_tokens=%d",
+                    len(overlong), len(examples), max_tokens)  # fmt: skip
+        if len(overlong) == len(examples):
+            raise DataError(
+                f"every training question's prompt is longer than rollout.max_prompt_tokens={max_tokens}"
+            )
+    return [ex for ex in examples if ex.id not in overlong]
 
 
 def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager:
@@ -105,6 +118,10 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}")
             )
     config = training_precision(config)
+    # the data first: a bad or empty file fails here, before a model is loaded or a run folder tagged
+    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
+    examples = load_examples(t.train_file, "trainer.train_file") if t.train_file else train_split
+    random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
     out_dir = run_dir
     if t.resume == "auto":
         out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl")
@@ -117,9 +134,6 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
     if t.fsdp and size > 1:
         shard(model)  # after the reference copy: that one stays whole on each process
-    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
-    examples = load_jsonl(t.train_file) if t.train_file else train_split
-    random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
     metrics = MetricsLog(
@@ -134,10 +148,11 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         log.info("resumed from %s (step %d)", checkpoint, start)
     log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
              t.questions_per_step, config.rollout.group_size, source, out_dir)  # fmt: skip
+    protocol = build_protocol(config.protocol, tokenizer)
+    examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
     engine = build_engine(config, model, tokenizer, weights=source)
     # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
     engine.update_weights(model)
-    protocol = build_protocol(config.protocol, tokenizer)
     with contextlib.ExitStack() as stack:
         use_tool = config.protocol.name is not ProtocolName.none
         sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None

@@ -21,7 +21,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
         r = cfg.rollout
         path = model_path(replace(cfg.model, name_or_path=weights or cfg.model.name_or_path))
         return VLLMEngine(
-            path, dtype=vllm_dtype(cfg), seed=cfg.seed, max_model_len=cfg.model.max_context_tokens,
+            path, dtype=vllm_dtype(cfg), seed=cfg.seed, max_model_len=cfg.context_tokens(),
             gpu_memory_utilization=r.vllm_gpu_memory_utilization, sleep_mode=r.vllm_enable_sleep_mode,
             kv_cache_gib=r.vllm_kv_cache_gib,
         )  # fmt: skip

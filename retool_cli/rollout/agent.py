@@ -134,7 +134,8 @@ class _Loop:
 
     def generate_round(self, running: list[Trajectory], seed_offset: int) -> list[_ToolJob]:
         cfg = self.cfg
-        budgets = [min(cfg.max_tokens_per_turn, cfg.max_response_tokens - len(t.response_ids),
+        per_turn = cfg.max_tokens_per_turn or cfg.max_response_tokens  # None: the rest of the response budget
+        budgets = [min(per_turn, cfg.max_response_tokens - len(t.response_ids),
                        self.max_context - len(t.token_ids)) for t in running]  # fmt: skip
         sampling = Sampling(self.sampling.temperature, self.sampling.top_p, self.sampling.top_k,
                             self.sampling.seed * 1_000_003 + seed_offset)  # fmt: skip

@@ -117,11 +117,16 @@ def test_a_group_chosen_on_the_command_line_beats_the_recipe(command: str, recip
     assert {k: got[k] for k in chosen if chosen[k] != "???"} == {
         k: v for k, v in chosen.items() if v != "???"
     }
-    to_config(cfg)  # and it is a valid config
+    try:
+        to_config(cfg)  # and it is a valid config...
+    except ConfigError as exc:  # ...or refused for the one reason a group may make it invalid: the smoke
+        # recipe's 512-token context cannot hold a benchmark's 8k-16k response budget
+        assert recipe == "dapo_smoke" and group == "benchmark" and "model.max_context_tokens" in str(exc)
 
 
 def test_command_line_value_beats_group_and_recipe_and_recipe_beats_defaults() -> None:
-    cfg = composed("eval", ["benchmark.n_samples=3", "recipe=dapo_smoke", "benchmark=aime24"])
+    cfg = composed("eval", ["benchmark.n_samples=3", "recipe=dapo_smoke", "benchmark=aime24",
+                            "benchmark.max_response_tokens=200"])  # fmt: skip
     assert (cfg.benchmark.name, cfg.benchmark.n_samples, cfg.benchmark.temperature) == ("aime24", 3, 0.6)
     # without a command-line choice, the recipe's values stand over the command's default options
     cfg = composed("eval", ["recipe=dapo_smoke"])
@@ -165,3 +170,50 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
 def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         composed("train", overrides)
+
+
+# ------------------------------------------------------------------ budgets
+
+
+def test_the_7b_recipe_gives_long_reasoning_its_whole_budget() -> None:
+    train = composed("train", ["recipe=retool_qwen2.5_7b"])
+    assert train.rollout.max_tokens_per_turn is None and train.rollout.max_response_tokens == 16384
+    assert train.context_tokens() == 2048 + 16384 and train.rollout.engine.value == "vllm"
+    ev = composed("eval", ["recipe=retool_qwen2.5_7b"])
+    b = ev.benchmark
+    assert (b.name, b.n_samples, b.temperature, b.top_p, b.max_response_tokens) == (
+        "aime24",
+        32,
+        0.6,
+        0.95,
+        16384,
+    )
+    assert composed("eval", ["recipe=retool_qwen2.5_7b", "benchmark=aime25"]).benchmark.name == "aime25"
+
+
+@pytest.mark.parametrize(
+    ("command", "overrides", "named"),
+    [("train", ["recipe=retool_qwen2.5_7b", "rollout.max_tokens_per_turn=1024"],
+      ["rollout.max_tokens_per_turn", "rollout.max_turns=8", "rollout.max_response_tokens=16384"]),
+     ("train", ["recipe=dapo_smoke", "rollout.max_tokens_per_turn=16"], ["rollout.max_tokens_per_turn"]),
+     ("train", ["recipe=retool_qwen2.5_7b", "model.max_context_tokens=8192"],
+      ["model.max_context_tokens", "rollout.max_prompt_tokens=2048", "rollout.max_response_tokens=16384"]),
+     ("eval", ["recipe=dapo_smoke", "benchmark=aime24"], ["model.max_context_tokens", "benchmark.max_response_tokens"]),
+     ("train", ["recipe=dapo_smoke", "trainer.eval_every=5", "benchmark.max_response_tokens=400"],
+      ["model.max_context_tokens", "benchmark.max_response_tokens=400"]),
+     ("filter-pass-rate", ["rollout.max_response_tokens=5000", "model.max_context_tokens=4096"],
+      ["model.max_context_tokens", "rollout.max_response_tokens=5000"])],
+)  # fmt: skip
+def test_inconsistent_budgets_are_refused_naming_both_keys(
+    command: str, overrides: list[str], named: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        composed(command, overrides)
+    assert all(key in str(refused.value) for key in named), str(refused.value)
+
+
+def test_an_unset_context_is_sized_to_what_the_command_samples() -> None:
+    assert composed("eval", []).context_tokens() == 1024 + 256  # prompt + the smoke benchmark's budget
+    assert composed("train", ["rollout.max_response_tokens=3000"]).context_tokens() == 1024 + 3000
+    train = composed("train", ["trainer.eval_every=2", "benchmark=math500"])
+    assert train.context_tokens() == 1024 + 8192  # the periodic eval's budget is the larger one

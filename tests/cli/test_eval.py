@@ -103,9 +103,27 @@ def test_multirun_and_report(tmp_path: Path) -> None:
     run_retool("eval", *SMALL, "benchmark.max_problems=2", "-m", "seed=0,1", cwd=tmp_path, check=True)
     [sweep] = list((tmp_path / "outputs" / "eval" / "multirun").glob("*/*"))
     proc = run_retool("eval-report", str(sweep), cwd=tmp_path, check=True)
-    report = (sweep / "report.md").read_text()
-    assert report.count("| tiny |") == 2 and "avg@n" in report
+    report = json.loads((sweep / "report.json").read_text())
+    [result] = report["results"]  # two eval seeds of one setting: one result over 2 seeds
+    assert result["label"] == "tiny" and sorted(result["seeds"]) == [0, 1] and result["std_seeds"] is not None
+    assert "avg@n" in (sweep / "report.md").read_text()
     assert (sweep / "report.png").read_bytes()[:4] == b"\x89PNG"
     assert "report.md" in proc.stdout
     missing = run_retool("eval-report", str(tmp_path / "nothing"), cwd=tmp_path)
     assert missing.returncode != 0 and "no such folder" in missing.stdout + missing.stderr
+
+
+def test_the_documented_seed_sweep_ends_with_a_result_over_seeds(tmp_path: Path) -> None:
+    """README's one-liner, shrunk: train seeds 1,2 -> evaluate each seed's checkpoint -> one result over seeds."""
+    small_train = ["trainer.total_steps=2", "trainer.save_every=2", "trainer.questions_per_step=2", "rollout.group_size=2",
+                   "rollout.max_response_tokens=48", "data.synthetic.num_examples=60", "data.dev_size=4"]  # fmt: skip
+    run_retool("train", "-m", "recipe=dapo_smoke", "seed=1,2", *small_train, "hydra.sweep.dir=sweep/train",
+               "hydra.sweep.subdir=seed_${seed}", cwd=tmp_path, check=True)  # fmt: skip
+    run_retool("eval", "-m", *SMALL, "seed=1,2", "ckpt=sweep/train/seed_${seed}", "data.synthetic.num_examples=60",
+               "data.dev_size=4", "hydra.sweep.dir=sweep/eval", "hydra.sweep.subdir=seed_${seed}", cwd=tmp_path,
+               check=True)  # fmt: skip
+    run_retool("eval-report", "sweep/eval", cwd=tmp_path, check=True)
+    report = json.loads((tmp_path / "sweep" / "eval" / "report.json").read_text())
+    [result] = report["results"]
+    assert sorted(result["seeds"]) == [1, 2] and result["step"] == 2 and result["label"].endswith("seed_*")
+    assert sorted(r["training_seed"] for r in report["runs"]) == [1, 2]

@@ -39,7 +39,8 @@ def test_filter_resume_and_shards(tmp_path: Path) -> None:
         time.sleep(0.05)
     proc.wait()
     assert not list(broken.rglob("pass_rates.jsonl")), "the run finished before it could be killed"
-    run_retool("filter-pass-rate", *ARGS, cwd=broken, check=True)
+    again = run_retool("filter-pass-rate", *ARGS, cwd=broken, check=True)
+    assert "resuming" in again.stdout + again.stderr  # it says so, with how many samples were there
     [resumed] = list(broken.rglob("pass_rates.jsonl"))
     assert read_jsonl(resumed) == rates
 

