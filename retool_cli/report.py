@@ -121,7 +121,7 @@ def _or_dash(value: object) -> str:
 
 def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
     """Accuracy per setting: against training step (one faint line per seed, the mean over seeds bold) where a
-    setting has several steps, else one point per setting; bars are ±1.96 se over seeds (over problems for a
+    setting has several steps, else one position per setting (each seed a faint dot); bars are ±1.96 se over seeds (over problems for a
     single run), clipped to [0, 100]. Beside it, format rate and code calls per run."""
     import matplotlib
 
@@ -135,11 +135,11 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
         points = [g for g in groups if g["setting"] == setting]
         xs = [g["step"] or 0 for g in points] if curves else [i]
         color = f"C{i % 10}"
-        if curves:
-            for seed in dict.fromkeys(s for g in points for s in g["seeds"]):
-                mine = sorted((r["step"] or 0, 100 * r["accuracy"]) for r in rows
-                              if r["setting"] == setting and _seed(r) == seed)  # fmt: skip
-                axes[0].plot(*zip(*mine, strict=True), color=color, alpha=0.25, lw=1)
+        for seed in dict.fromkeys(s for g in points for s in g["seeds"]):  # each seed faint, the mean bold
+            mine = sorted((r["step"] or 0, 100 * r["accuracy"]) for r in rows
+                          if r["setting"] == setting and _seed(r) == seed)  # fmt: skip
+            steps, accs = zip(*mine, strict=True)
+            axes[0].plot(steps if curves else [i] * len(accs), accs, color=color, alpha=0.3, lw=1, marker=".")
         means = [100 * g["mean"] for g in points]
         err = [196 * (g["se_seeds"] if g["se_seeds"] is not None else g["se_problems"]) for g in points]
         low = [min(e, m) for e, m in zip(err, means, strict=True)]  # clipped: accuracy stays in [0, 100]
@@ -163,7 +163,7 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
     axes[2].set_title("code calls per sample, per run")
     for ax in axes[1:]:
         ax.set_xticks(
-            order, [f"{Path(r['model']).name}\nseed {_or_dash(_seed(r))}" for r in rows], fontsize=7
+            order, [f"step {_or_dash(r['step'])}\nseed {_or_dash(_seed(r))}" for r in rows], fontsize=7
         )
     for ax in axes:
         ax.grid(alpha=0.3)
