@@ -261,5 +261,28 @@ def eval_report(
         raise typer.Exit(1) from None
 
 
+@app.command("copy-recipe")
+def copy_recipe(
+    name: Annotated[str, typer.Argument(help="a shipped recipe (see `retool train --help` for the list)")],
+    to: Annotated[Path, typer.Option(help="config folder to copy into (as DIR/recipe/NAME.yaml)")] = Path("conf"),
+    new_name: Annotated[str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")] = None,
+) -> None:
+    """Copy a shipped recipe out for editing; use it with `retool COMMAND --config-dir DIR recipe=NAME`."""
+    from retool_cli.config import RECIPES_DIR
+
+    source = RECIPES_DIR / f"{name}.yaml"
+    if not source.is_file():
+        available = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+        typer.echo(f"error: no recipe {name!r}; shipped recipes: {available}", err=True)
+        raise typer.Exit(1)
+    target = to / "recipe" / f"{new_name or name}.yaml"
+    if target.exists():
+        typer.echo(f"error: {target} exists; choose another --to or --as", err=True)
+        raise typer.Exit(1)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source.read_text())
+    typer.echo(f"wrote {target}\nuse it: retool train --config-dir {to} recipe={new_name or name}")
+
+
 def main() -> None:
     app()

@@ -19,8 +19,17 @@ from omegaconf import II, DictConfig, OmegaConf
 from retool_cli.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-CONF_DIR = PACKAGE_DIR / "conf"
-RECIPES_DIR = PACKAGE_DIR / "recipes"
+
+
+def _conf_dir() -> Path:
+    """conf/ at the repository root (a checkout or an editable install); inside the package once installed
+    from a wheel (pyproject maps the package retool_cli.conf to conf/)."""
+    checkout = PACKAGE_DIR.parent / "conf"
+    return checkout if (checkout / "command_defaults.yaml").is_file() else PACKAGE_DIR / "conf"
+
+
+CONF_DIR = _conf_dir()
+RECIPES_DIR = CONF_DIR / "recipe"  # a Hydra group: recipe=NAME
 
 
 def _check(condition: bool, key: str, message: str) -> None:
@@ -570,12 +579,9 @@ class RetoolConfig:
 
 
 def register_configs() -> None:
-    """Register the schema and every recipe file as the `recipe` group (package `_global_`)."""
+    """Register the typed schema (recipes are the conf/recipe group, found by Hydra like any other group)."""
     _command_line_groups_after_recipe()
-    store = ConfigStore.instance()
-    store.store(name="retool_schema", node=RetoolConfig)
-    for recipe in sorted(RECIPES_DIR.glob("*.yaml")):
-        store.store(group="recipe", name=recipe.stem, node=OmegaConf.load(recipe), package="_global_")
+    ConfigStore.instance().store(name="retool_schema", node=RetoolConfig)
 
 
 def _command_line_groups_after_recipe() -> None:

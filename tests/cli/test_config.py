@@ -13,12 +13,14 @@ from retool_cli.cli import hydra_argv
 from retool_cli.config import CONF_DIR, RECIPES_DIR, DataSource, RetoolConfig, register_configs, to_config
 from retool_cli.errors import ConfigError
 
-PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem != "hydra_settings")
+PRIMARY = sorted(
+    p.stem for p in CONF_DIR.glob("*.yaml") if p.stem not in ("hydra_settings", "command_defaults")
+)
 DATA_OPTIONS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 BENCHMARKS = sorted(p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml"))
 GROUP_OPTIONS = [(group.name, option.stem) for group in sorted(CONF_DIR.iterdir())
-                 if group.is_dir() and group.name != "hydra" for option in sorted(group.glob("*.yaml"))]  # fmt: skip
+                 if group.is_dir() and group.name not in ("hydra", "recipe") for option in sorted(group.glob("*.yaml"))]  # fmt: skip
 
 
 def composed(command: str, overrides: list[str]) -> RetoolConfig:

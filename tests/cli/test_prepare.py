@@ -140,7 +140,8 @@ def test_help_lists_working_commands_and_groups(tmp_path: Path) -> None:
 
 
 def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
-    """A wheel installed elsewhere runs from any directory: conf/ and recipes/ are package data."""
+    """A wheel installed elsewhere runs from any directory: conf/ (with its recipe group) ships inside the
+    package, and a user's own config folder adds recipes to it."""
     import subprocess
     import sys
 
@@ -163,6 +164,33 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith(str(tmp_path / "site"))  # the installed copy, not the checkout
     assert len(read_jsonl(work / "run" / "train.jsonl")) == 1800
+    (work / "mine" / "recipe").mkdir(parents=True)
+    (work / "mine" / "recipe" / "tiny_run.yaml").write_text("# @package _global_\ndefaults:\n  - dapo_smoke\n"
+                                                             "data:\n  dev_size: 7\n")  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv[0] = 'retool'; from retool_cli.cli import main; main()",
+         "prepare", "--config-dir", "mine", "recipe=tiny_run", "hydra.run.dir=run2"],
+        cwd=work, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(read_jsonl(work / "run2" / "dev.jsonl")) == 7  # the user's recipe, on top of the shipped one
+
+
+def test_copy_recipe_out_edit_it_and_use_it(tmp_path: Path) -> None:
+    out = run_retool(
+        "copy-recipe", "dapo_smoke", "--to", "my_conf", "--as", "quick", cwd=tmp_path, check=True
+    )
+    copied = tmp_path / "my_conf" / "recipe" / "quick.yaml"
+    assert "recipe=quick" in out.stdout and copied.read_text().startswith("# @package _global_")
+    copied.write_text(copied.read_text().replace("total_steps: 60", "total_steps: 3"))
+    job = run_retool(
+        "train", "--config-dir", "my_conf", "recipe=quick", "--cfg", "job", cwd=tmp_path, check=True
+    )
+    assert "total_steps: 3" in job.stdout
+    again = run_retool("copy-recipe", "dapo_smoke", "--to", "my_conf", "--as", "quick", cwd=tmp_path)
+    assert again.returncode == 1 and "exists" in again.stderr  # never overwrites an edited copy
+    missing = run_retool("copy-recipe", "nope", cwd=tmp_path)
+    assert missing.returncode == 1 and "dapo_smoke" in missing.stderr
 
 
 @pytest.mark.parametrize("command", ["prepare", "decontaminate", "filter-pass-rate", "sft", "train", "eval"])
