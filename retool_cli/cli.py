@@ -264,8 +264,12 @@ def eval_report(
 @app.command("copy-recipe")
 def copy_recipe(
     name: Annotated[str, typer.Argument(help="a shipped recipe (see `retool train --help` for the list)")],
-    to: Annotated[Path, typer.Option(help="config folder to copy into (as DIR/recipe/NAME.yaml)")] = Path("conf"),
-    new_name: Annotated[str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")] = None,
+    to: Annotated[Path, typer.Option(help="config folder to copy into (as DIR/recipe/NAME.yaml)")] = Path(
+        "conf"
+    ),
+    new_name: Annotated[
+        str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")
+    ] = None,
 ) -> None:
     """Copy a shipped recipe out for editing; use it with `retool COMMAND --config-dir DIR recipe=NAME`."""
     from retool_cli.config import RECIPES_DIR
