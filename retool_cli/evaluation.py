@@ -22,6 +22,7 @@ from typing import Any
 from retool_cli.config import RetoolConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data import MathExample, prepare_dataset
 from retool_cli.errors import ConfigError, DataError
+from retool_cli.faults import die_if_due
 from retool_cli.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.reward import Verifier, score_batch
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
@@ -123,6 +124,7 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
     )
     per_batch = 1 if per_problem_seeds else per_batch
     chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
+    written = 0  # chunks this process appended
     for index, chunk in enumerate(chunks):
         if all((p.id, j) in done for p in chunk for j in range(rollout.group_size)):
             _advance(progress, len(chunk))
@@ -133,6 +135,8 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
         scores = score_batch([(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories],
                              judge, verifier)  # fmt: skip
         append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
+        written += 1
+        die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
         _advance(progress, len(chunk))
     return read_samples(path)
 

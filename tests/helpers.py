@@ -5,15 +5,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
 def run_retool(
-    *args: str, cwd: Path, check: bool = False, timeout: float = 300
+    *args: str, cwd: Path, check: bool = False, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """Run the real command line in a subprocess (as a user would), capturing its output."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "retool_cli", *args],
         cwd=cwd,
@@ -29,19 +28,13 @@ def run_retool(
     return proc
 
 
-def kill_after(args: list[str], cwd: Path, marker: str, done: str, timeout: float = 300) -> None:
-    """Start `retool ARGS` and SIGKILL it as soon as a file matching `marker` appears below `cwd`; fails if the
-    run wrote `done` (it finished before it could be killed)."""
-    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", *args], cwd=cwd, env={**os.environ},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if list(cwd.rglob(marker)):
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait()
-    assert not list(cwd.rglob(done)), "the run finished before it could be killed"
+def die_after(args: list[str], cwd: Path, when: str) -> None:
+    """Run `retool ARGS` and let it die by SIGKILL at a chosen point (`when`: step:N or chunk:N, see
+    retool_cli/faults.py): the same point on every run, unlike killing it from outside on a timer."""
+    proc = run_retool(*args, cwd=cwd, env={"RETOOL_DIE_AFTER": when})
+    assert proc.returncode == -signal.SIGKILL, (
+        f"expected death at {when}, got {proc.returncode}:\n{proc.stderr}"
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:

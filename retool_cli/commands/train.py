@@ -32,6 +32,7 @@ from retool_cli.evaluation import (
     sample_problems,
     summarize,
 )
+from retool_cli.faults import die_if_due
 from retool_cli.modeling import load_policy, load_tokenizer, training_precision
 from retool_cli.protocol import build_protocol, overlong_prompts
 from retool_cli.reward import Verifier
@@ -185,6 +186,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                     save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor},
                                     t.keep_last, full)  # fmt: skip
             barrier()  # no process runs ahead of a checkpoint being written
+            die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
     if rank > 0:
         return
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from tests.helpers import read_jsonl, run_retool
+from tests.helpers import die_after, read_jsonl, run_retool
 
 ARGS = ["recipe=dapo_smoke", "data.synthetic.num_examples=24", "data.dev_size=4", "filter.n_samples=3",
         "rollout.max_response_tokens=48", "rollout.max_tokens_per_turn=48"]  # fmt: skip
@@ -28,17 +23,11 @@ def test_filter_resume_and_shards(tmp_path: Path) -> None:
     # killed and run again: continues, ends with the same pass rates
     broken = tmp_path / "broken"
     broken.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "retool_cli", "filter-pass-rate", *ARGS], cwd=broken,
-                            env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        samples = list(broken.rglob("samples.jsonl"))
-        if samples and len(samples[0].read_text().splitlines()) >= 15:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait()
-    assert not list(broken.rglob("pass_rates.jsonl")), "the run finished before it could be killed"
+    die_after(
+        ["filter-pass-rate", *ARGS], cwd=broken, when="chunk:5"
+    )  # after 5 of 20 problems (one per chunk)
+    assert len(next(broken.rglob("samples.jsonl")).read_text().splitlines()) == 15
+    assert not list(broken.rglob("pass_rates.jsonl"))
     again = run_retool("filter-pass-rate", *ARGS, cwd=broken, check=True)
     assert "resuming" in again.stdout + again.stderr  # it says so, with how many samples were there
     [resumed] = list(broken.rglob("pass_rates.jsonl"))

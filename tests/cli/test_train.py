@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import kill_after, run_retool
+from tests.helpers import die_after, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
@@ -62,7 +62,7 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(
         reference[0]
     )
-    kill_after(args, cwd=broken, marker="checkpoints/step_2/trainer_state.pt", done="final.txt")
+    die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
     assert comparable(metrics_of(broken)) == comparable(reference)
     [run] = [p.parent for p in broken.rglob("final.txt")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_train import SFT, TRAIN, comparable, metrics_of
-from tests.helpers import kill_after, read_jsonl, run_retool
+from tests.helpers import die_after, read_jsonl, run_retool
 
 VLLM = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25"]
 GREEDY_EVAL = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20", "benchmark.max_problems=8",
@@ -70,7 +70,7 @@ def test_train_with_vllm_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: 
     run_retool(*args, cwd=whole, check=True)
     reference = metrics_of(whole)
     assert [r["step"] for r in reference] == [1, 2, 3, 4]
-    kill_after(args, cwd=broken, marker="checkpoints/step_2/trainer_state.pt", done="final.txt")
+    die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     run_retool(*args, cwd=broken, check=True)
     assert comparable(metrics_of(broken)) == comparable(reference)
 
