@@ -53,9 +53,7 @@ def training_set(bench: list[str], dapo: list[str], rows: int, rng: random.Rando
     return out
 
 
-def edited_copies(
-    bench: list[str], rng: random.Random, per_kind: int = 200
-) -> dict[str, list[tuple[str, int]]]:
+def edited_copies(bench: list[str], rng: random.Random, per_kind: int = 200) -> dict[str, list[tuple[str, int]]]:
     def edit(text: str, frac: float) -> str:
         words = text.split()
         editable = [i for i, w in enumerate(words) if not any(c.isdigit() for c in w)]  # numbers unchanged
@@ -68,9 +66,7 @@ def edited_copies(
         f"{int(100 * f)}% words changed": [("Problem: " + edit(bench[i], f), i) for i in items]
         for f in (0.1, 0.2, 0.3, 0.4)
     }
-    kinds["truncated to 70%"] = [
-        (" ".join(bench[i].split()[: int(0.7 * len(bench[i].split()))]), i) for i in items
-    ]
+    kinds["truncated to 70%"] = [(" ".join(bench[i].split()[: int(0.7 * len(bench[i].split()))]), i) for i in items]
     kinds["prefix added"] = [("Here is a competition question. " + bench[i], i) for i in items]
     return kinds
 
@@ -79,8 +75,10 @@ def rule_flags(texts: list[str], bench: list[str], rule: str) -> list[bool]:
     if rule == "any":
         return [o.shared > 0 for o in BenchmarkIndex(bench, 8).overlaps(texts)]
     overlaps = BenchmarkIndex(bench, 3).overlaps(texts)
-    return [flagged(o, "coverage", 0.25, number_precision(t, bench[o.item]) if o.item >= 0 else 0.0)
-            for o, t in zip(overlaps, texts, strict=True)]  # fmt: skip
+    return [
+        flagged(o, "coverage", 0.25, number_precision(t, bench[o.item]) if o.item >= 0 else 0.0)
+        for o, t in zip(overlaps, texts, strict=True)
+    ]
 
 
 def main() -> None:
@@ -90,9 +88,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     args = parser.parse_args()
     rng = random.Random(0)
-    bench = (
-        load(args.data, "aime24.jsonl") + load(args.data, "aime25.jsonl") + load(args.data, "math500.jsonl")
-    )
+    bench = load(args.data, "aime24.jsonl") + load(args.data, "aime25.jsonl") + load(args.data, "math500.jsonl")
     dapo = load(args.data, "dapo_sample.jsonl")
     train = training_set(bench, dapo, args.rows, rng)
 
@@ -106,12 +102,8 @@ def main() -> None:
         ours = [o.shared > 0 for o in index.overlaps(train)]
         ours_s.append(time.perf_counter() - started)
     plain_med, ours_med = statistics.median(plain_s), statistics.median(ours_s)
-    print(
-        f"{len(train)} rows x {len(bench)} benchmark problems, `any` rule, n=8, median of {args.rounds} rounds"
-    )
-    print(
-        f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x"
-    )
+    print(f"{len(train)} rows x {len(bench)} benchmark problems, `any` rule, n=8, median of {args.rounds} rounds")
+    print(f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x")
     print(f"flags: open-r1 {sum(plain)}, ours {sum(ours)}, identical: {plain == ours}")
 
     print("\nrecall on edited benchmark copies (200 each) and false positives on 176 real DAPO rows:")
@@ -125,8 +117,10 @@ def main() -> None:
             line += f" {name}: {hits / len(rows):.1%};"
         false_pos = sum(rule_flags(dapo, bench, rule))
         precision = caught / max(1, caught + false_pos)
-        print(f"{line}\n    recall {caught / total:.1%}, DAPO rows flagged {false_pos}/176 ({false_pos / 176:.1%}), "
-              f"precision {precision:.1%}")  # fmt: skip
+        print(
+            f"{line}\n    recall {caught / total:.1%}, DAPO rows flagged {false_pos}/176 ({false_pos / 176:.1%}), "
+            f"precision {precision:.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -26,16 +26,24 @@ def main() -> None:
     args = parser.parse_args()
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=args.layers,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1e6,
-                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=args.layers,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16).eval()
     engine = HFEngine(model, tok, None)
     engine.eos_ids = set()  # every row runs the full length, as min_new_tokens makes generate do
-    prompts = [
-        tok.encode(f"What is {a} * {b}? Use code.") for a, b in [(12, 34), (56, 78), (91, 23), (45, 67)]
-    ]
+    prompts = [tok.encode(f"What is {a} * {b}? Use code.") for a, b in [(12, 34), (56, 78), (91, 23), (45, 67)]]
     rows = [p for p in prompts for _ in range(8)]
     new = args.new_tokens
 
@@ -55,8 +63,16 @@ def main() -> None:
         torch.cuda.synchronize()
         started = time.perf_counter()
         with torch.inference_mode():
-            model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new, min_new_tokens=new,
-                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0)  # fmt: skip
+            model.generate(
+                input_ids=ids.cuda(),
+                attention_mask=mask.cuda(),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+            )
         torch.cuda.synchronize()
         return time.perf_counter() - started
 

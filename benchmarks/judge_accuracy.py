@@ -40,26 +40,25 @@ def main() -> None:
         ours = [v.equivalent for v in verifier.verify_many([(r["gold"], r["pred"]) for r in rows])]
         suite = [json.loads(line) for line in args.suite.read_text(encoding="utf-8").splitlines()]
         suite_ours = verifier.verify_many([(r["gold"], r["pred"]) for r in suite])
-    judges = {"ours": ours, "plain math-verify": [math_verify(r["gold"], r["pred"], False) for r in rows],
-              "math-verify `$...$`": [math_verify(r["gold"], r["pred"], True) for r in rows]}  # fmt: skip
+    judges = {
+        "ours": ours,
+        "plain math-verify": [math_verify(r["gold"], r["pred"], False) for r in rows],
+        "math-verify `$...$`": [math_verify(r["gold"], r["pred"], True) for r in rows],
+    }
     table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for i, row in enumerate(rows):
         table[row["category"]]["pairs"] += 1
         for name, verdicts in judges.items():
             table[row["category"]][name] += verdicts[i] is row["equal"]
             if args.wrong and verdicts[i] is not row["equal"]:
-                print(
-                    f"  {name:20} wrong on {row['id']}: {row['gold']!r} vs {row['pred']!r} (label {row['equal']})"
-                )
+                print(f"  {name:20} wrong on {row['id']}: {row['gold']!r} vs {row['pred']!r} (label {row['equal']})")
     print("| category | pairs | " + " | ".join(judges) + " |")
     print("|---|---:|" + "---:|" * len(judges))
     for category, counts in [
         *table.items(),
         ("**all**", {k: sum(c[k] for c in table.values()) for k in ("pairs", *judges)}),
     ]:
-        print(
-            f"| {category} | {counts['pairs']} | " + " | ".join(str(counts[name]) for name in judges) + " |"
-        )
+        print(f"| {category} | {counts['pairs']} | " + " | ".join(str(counts[name]) for name in judges) + " |")
     agree = sum(v.equivalent is r["expected"] for v, r in zip(suite_ours, suite, strict=True))
     plain = sum(math_verify(r["gold"], r["pred"], False) is r["expected"] for r in suite)
     print(f"\nmath-verify's suite: ours {agree}/{len(suite)}, plain math-verify {plain}/{len(suite)}")

@@ -20,8 +20,12 @@ from pathlib import Path
 
 from retool_cli.reward import Verifier
 
-PATHOLOGICAL = [("10^{10^{10}}", "10^{10^{10}} + 1"), ("2^{2^{2^{2^{2}}}}", "2^{65536}"),
-                ("\\frac{1}{" * 200 + "2" + "}" * 200, "1"), ("(" * 300 + "x" + ")" * 300, "x")]  # fmt: skip
+PATHOLOGICAL = [
+    ("10^{10^{10}}", "10^{10^{10}} + 1"),
+    ("2^{2^{2^{2^{2}}}}", "2^{65536}"),
+    ("\\frac{1}{" * 200 + "2" + "}" * 200, "1"),
+    ("(" * 300 + "x" + ")" * 300, "x"),
+]
 
 
 def equivalent_form(answer: str) -> str | None:
@@ -94,11 +98,7 @@ def main() -> None:
             f"ours:              {len(normal) / ours_s:8.0f} pairs/s ({ours_s:.1f} s)   ratio {plain_s / ours_s:.1f}x"
         )
         print(f"paths: {counts}")
-        differ = [
-            (pair, p, o.equivalent)
-            for pair, p, o in zip(normal, plain, ours, strict=True)
-            if p != o.equivalent
-        ]
+        differ = [(pair, p, o.equivalent) for pair, p, o in zip(normal, plain, ours, strict=True) if p != o.equivalent]
         print(f"verdicts differing from plain math-verify: {len(differ)}")
         for (gold, pred), p, o in differ[:10]:
             print(f"   gold={gold[:50]!r} pred={pred[:50]!r} plain={p} ours={o}")
@@ -106,9 +106,7 @@ def main() -> None:
         suite_ours = verifier.verify_many([(row["gold"], row["pred"]) for row in suite])
         agree = sum(v.equivalent == row["expected"] for v, row in zip(suite_ours, suite, strict=True))
         agree_plain = sum(plain_verify(row["gold"], row["pred"]) == row["expected"] for row in suite)
-        print(
-            f"agreement with the suite's expectations: ours {agree}/{len(suite)}, plain {agree_plain}/{len(suite)}"
-        )
+        print(f"agreement with the suite's expectations: ours {agree}/{len(suite)}, plain {agree_plain}/{len(suite)}")
 
         batch = normal[:508] + PATHOLOGICAL
         verifier._cache.clear()
@@ -116,8 +114,10 @@ def main() -> None:
         verdicts = verifier.verify_many(batch)
         worst = time.perf_counter() - started
         timeouts = sum(v.timed_out for v in verdicts)
-        print(f"batch of {len(batch)} with {len(PATHOLOGICAL)} pathological pairs: {worst:.1f} s, "
-              f"{timeouts} timed out (bound per pair {args.timeout} s, {args.workers} workers)")  # fmt: skip
+        print(
+            f"batch of {len(batch)} with {len(PATHOLOGICAL)} pathological pairs: {worst:.1f} s, "
+            f"{timeouts} timed out (bound per pair {args.timeout} s, {args.workers} workers)"
+        )
 
 
 if __name__ == "__main__":

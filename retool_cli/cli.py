@@ -139,9 +139,13 @@ def _quiet_libraries() -> None:
     Environment variables rather than imports, so that commands that never load a model start fast."""
     import os
 
-    for key, value in {"TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-                       "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-                       "VLLM_LOGGING_LEVEL": "WARNING"}.items():  # fmt: skip
+    for key, value in {
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }.items():
         os.environ.setdefault(key, value)
 
 
@@ -168,9 +172,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """Subcommands below; each takes Hydra overrides."""
 
@@ -243,9 +245,7 @@ def eval_(ctx: typer.Context) -> None:
 
 @app.command("eval-report")
 def eval_report(
-    runs: Annotated[
-        list[Path], typer.Argument(help="eval run folders, or folders to search for results.json")
-    ],
+    runs: Annotated[list[Path], typer.Argument(help="eval run folders, or folders to search for results.json")],
     out: Annotated[
         Path | None, typer.Option(help="where report.md and report.png go (default: the first folder)")
     ] = None,
@@ -264,12 +264,8 @@ def eval_report(
 @app.command("copy-recipe")
 def copy_recipe(
     name: Annotated[str, typer.Argument(help="a shipped recipe (see `retool train --help` for the list)")],
-    to: Annotated[Path, typer.Option(help="config folder to copy into (as DIR/recipe/NAME.yaml)")] = Path(
-        "conf"
-    ),
-    new_name: Annotated[
-        str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")
-    ] = None,
+    to: Annotated[Path, typer.Option(help="config folder to copy into (as DIR/recipe/NAME.yaml)")] = Path("conf"),
+    new_name: Annotated[str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")] = None,
 ) -> None:
     """Copy a shipped recipe out for editing; use it with `retool COMMAND --config-dir DIR recipe=NAME`."""
     from retool_cli.config import RECIPES_DIR

@@ -66,9 +66,7 @@ class SyntheticConfig:
     num_examples: int = 2000  # problems generated before dedupe and the dev split
     difficulty: int = 1  # 1 (4-digit x 3-digit products, small exponents) .. 5 (much larger numbers)
     # problem kinds to mix; see retool_cli/synthetic.py for the full list
-    kinds: list[str] = field(
-        default_factory=lambda: ["product", "modpow", "digit_sum_power", "divisor_count"]
-    )
+    kinds: list[str] = field(default_factory=lambda: ["product", "modpow", "digit_sum_power", "divisor_count"])
 
 
 @dataclass
@@ -125,8 +123,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check(self.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = off)")
         _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
-        _check(not self.lora_rank or bool(self.lora_target_modules), "model.lora_target_modules",
-               "needs at least one module name when model.lora_rank > 0")  # fmt: skip
+        _check(
+            not self.lora_rank or bool(self.lora_target_modules),
+            "model.lora_target_modules",
+            "needs at least one module name when model.lora_rank > 0",
+        )
 
 
 class Engine(enum.Enum):
@@ -166,9 +167,7 @@ class RolloutConfig:
     max_tokens_per_turn: int | None = None
     max_tool_result_tokens: int = 512  # tokens of one interpreter result (head and tail kept)
     overlap_sandbox: bool = True  # run half the batch's code while the other half generates
-    max_sandbox_infra_error_rate: float = (
-        0.2  # above this share of failed sandbox calls a batch stops with an error
-    )
+    max_sandbox_infra_error_rate: float = 0.2  # above this share of failed sandbox calls a batch stops with an error
     # vLLM only (rollout.engine=vllm): share of GPU memory for weights + KV cache (on CPU: of the machine's
     # memory, unless vllm_kv_cache_gib sizes the KV cache)
     vllm_gpu_memory_utilization: float = 0.5
@@ -189,8 +188,7 @@ class RolloutConfig:
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
         dtypes = ("auto", "float32", "bfloat16", "float16")
         _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
-        _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization",
-               "must be in (0, 1]")  # fmt: skip
+        _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
         _check(
             self.vllm_kv_cache_gib >= 0,
             "rollout.vllm_kv_cache_gib",
@@ -252,15 +250,11 @@ class TrainerConfig:
     questions_per_step: int = 32  # distinct questions per RL step (x rollout.group_size trajectories)
     epochs_per_batch: int = 1  # passes over each rollout batch (old logprobs recomputed once before them)
     mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
-    micro_batch_tokens: int = (
-        16384  # token budget of one forward/backward (sorted by length, no padding waste)
-    )
+    micro_batch_tokens: int = 16384  # token budget of one forward/backward (sorted by length, no padding waste)
     advantage: Advantage = Advantage.grpo  # grpo | dr_grpo | rloo (retool_cli/algorithms.py)
     clip_low: float = 0.2  # PPO ratio clip below 1
     clip_high: float = 0.28  # PPO ratio clip above 1 (DAPO clip-higher)
-    dual_clip: float | None = (
-        None  # bound the loss of negative advantages at dual_clip x |A| (e.g. 3.0); None = off
-    )
+    dual_clip: float | None = None  # bound the loss of negative advantages at dual_clip x |A| (e.g. 3.0); None = off
     loss_agg: LossAgg = LossAgg.token_mean  # how token losses become the batch loss (see LossAgg)
     kl_coef: float = 0.0  # KL to the frozen initial policy (0 = off, no reference model kept)
     kl_estimator: str = "k3"  # k1 | k3
@@ -283,9 +277,7 @@ class TrainerConfig:
     tensorboard: bool = False  # also log to RUN/tensorboard (needs the tensorboard extra)
     wandb_project: str | None = None  # also log to this W&B project (needs the wandb extra)
     train_file: str | None = None  # a prepared train.jsonl; None = build from the `data` section in memory
-    init_from: str | None = (
-        None  # start from this checkpoint (e.g. the SFT run folder); None = model.name_or_path
-    )
+    init_from: str | None = None  # start from this checkpoint (e.g. the SFT run folder); None = model.name_or_path
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
@@ -308,12 +300,8 @@ class SFTConfig:
     warmup_steps: int = 50  # linear warm-up steps
     schedule: str = "cosine"  # constant | cosine (after warm-up)
     weight_decay: float = 0.0  # AdamW weight decay
-    code_fraction: float = (
-        0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
-    )
-    traces_file: str | None = (
-        None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
-    )
+    code_fraction: float = 0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
+    traces_file: str | None = None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
     log_every: int = 25  # steps between lines of metrics.jsonl and the log
 
     def __post_init__(self) -> None:
@@ -350,10 +338,23 @@ class SandboxConfig:
     # imported once per worker, so snippets import them for free (and, under rlimits as root, at all)
     preload: list[str] = field(
         default_factory=lambda: [
-            "math", "cmath", "fractions", "decimal", "itertools", "functools", "collections", "statistics",
-            "random", "re", "string", "heapq", "bisect", "numpy", "sympy",
+            "math",
+            "cmath",
+            "fractions",
+            "decimal",
+            "itertools",
+            "functools",
+            "collections",
+            "statistics",
+            "random",
+            "re",
+            "string",
+            "heapq",
+            "bisect",
+            "numpy",
+            "sympy",
         ]
-    )  # fmt: skip
+    )
     # run once in each worker before it forks: fills sympy's lazy imports and caches for every child
     warmup: str = (
         "import sympy as sp\nx, y = sp.symbols('x y')\nsp.factor(x**4 - 1); sp.expand((x + y)**3)\n"
@@ -463,22 +464,16 @@ class DecontamConfig:
     """`retool decontaminate`: drop training rows that overlap evaluation benchmarks (retool_cli/decontam.py)."""
 
     input: str | None = None  # a MathExample JSONL to clean; None = the train split of the `data` section
-    benchmarks: list[str] = field(
-        default_factory=lambda: ["aime24", "aime25", "math500"]
-    )  # conf/benchmark options
+    benchmarks: list[str] = field(default_factory=lambda: ["aime24", "aime25", "math500"])  # conf/benchmark options
     # NAME -> a local file used instead of the hub (None: the hub)
     benchmark_paths: dict[str, str | None] = field(
         default_factory=lambda: {"aime24": None, "aime25": None, "math500": None}
     )
-    rule: str = (
-        "coverage"  # coverage (default: ignores shared boilerplate) | any (open-r1: one shared n-gram)
-    )
+    rule: str = "coverage"  # coverage (default: ignores shared boilerplate) | any (open-r1: one shared n-gram)
     n: int = 8  # word n-gram size of the `any` rule and of the shared-n-gram count in the report
     coverage_n: int = 3  # word n-gram size of the coverage rule (small: edits break long n-grams)
     threshold: float = 0.25  # coverage rule: share of the benchmark item's n-grams found in the row...
-    text_only_threshold: float = (
-        0.5  # ...with the row's numbers in the item, or this share whatever the numbers
-    )
+    text_only_threshold: float = 0.5  # ...with the row's numbers in the item, or this share whatever the numbers
     min_shared: int = 3  # coverage rule: fewer shared n-grams never flag (one common phrase is not a copy)
     latex_folding: bool = True  # drop LaTeX markup ($, braces, \frac, \left ...) before comparing
     punctuation_folding: bool = True  # drop punctuation before comparing
@@ -542,9 +537,12 @@ class RetoolConfig:
         self._check_budgets()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
         hf_copy = self.rollout.engine is Engine.hf and self.rollout.dtype != "auto"
-        _check(not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)), "trainer.fsdp",
-               "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
-               "use data parallel (trainer.fsdp=false) for them")  # fmt: skip
+        _check(
+            not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)),
+            "trainer.fsdp",
+            "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
+            "use data parallel (trainer.fsdp=false) for them",
+        )
 
     def _response_budgets(self) -> list[tuple[str, int]]:
         """(key, tokens) of each response budget this command samples with."""
@@ -569,13 +567,19 @@ class RetoolConfig:
         context, prompt = self.context_tokens(), self.rollout.max_prompt_tokens
         per_turn, turns = self.rollout.max_tokens_per_turn, self.rollout.max_turns
         for key, response in self._response_budgets():
-            _check(context >= prompt + response, "model.max_context_tokens",
-                   f"{context} is shorter than rollout.max_prompt_tokens={prompt} + {key}={response}; "
-                   f"raise it to {prompt + response} or lower one of the two")  # fmt: skip
-            _check(per_turn is None or per_turn * turns >= response, "rollout.max_tokens_per_turn",
-                   f"{per_turn} x rollout.max_turns={turns} cannot reach {key}={response}: a segment that reaches the "
-                   "per-turn cap ends its trajectory as truncated, so long reasoning would be cut; raise it or set it "
-                   "to null (the rest of the response budget)")  # fmt: skip
+            _check(
+                context >= prompt + response,
+                "model.max_context_tokens",
+                f"{context} is shorter than rollout.max_prompt_tokens={prompt} + {key}={response}; "
+                f"raise it to {prompt + response} or lower one of the two",
+            )
+            _check(
+                per_turn is None or per_turn * turns >= response,
+                "rollout.max_tokens_per_turn",
+                f"{per_turn} x rollout.max_turns={turns} cannot reach {key}={response}: a segment that reaches the "
+                "per-turn cap ends its trajectory as truncated, so long reasoning would be cut; raise it or set it "
+                "to null (the rest of the response budget)",
+            )
 
 
 def register_configs() -> None:
@@ -602,13 +606,22 @@ def _command_line_groups_after_recipe() -> None:
         return
     original = loader.create_defaults_list
 
-    def create_defaults_list(repo: Any, config_name: str | None, overrides_list: list, prepend_hydra: bool,
-                             skip_missing: bool) -> Any:  # fmt: skip
-        result = original(repo=repo, config_name=config_name, overrides_list=overrides_list,
-                          prepend_hydra=prepend_hydra, skip_missing=skip_missing)  # fmt: skip
+    def create_defaults_list(
+        repo: Any, config_name: str | None, overrides_list: list, prepend_hydra: bool, skip_missing: bool
+    ) -> Any:
+        result = original(
+            repo=repo,
+            config_name=config_name,
+            overrides_list=overrides_list,
+            prepend_hydra=prepend_hydra,
+            skip_missing=skip_missing,
+        )
         choices = result.overrides.known_choices
-        chosen = {o.key_or_group for o in overrides_list
-                  if o.key_or_group in choices and o.key_or_group != "recipe" and not o.is_hydra_override()}  # fmt: skip
+        chosen = {
+            o.key_or_group
+            for o in overrides_list
+            if o.key_or_group in choices and o.key_or_group != "recipe" and not o.is_hydra_override()
+        }
         if not chosen or not choices.get("recipe"):
             return result
         moved = {d.config_path for d in result.defaults if d.override_key in chosen}

@@ -73,7 +73,8 @@ def load_jsonl(path: str | Path) -> list[MathExample]:
                 values[key] = value
             if values["id"] in first_line_of:
                 raise DataError(
-                    f"{path}:{line_no}: duplicate id {values['id']!r} (first seen on line {first_line_of[values['id']]})"
+                    f"{path}:{line_no}: duplicate id {values['id']!r} "
+                    f"(first seen on line {first_line_of[values['id']]})"
                 )
             first_line_of[values["id"]] = line_no
             examples.append(MathExample(**values))
@@ -186,9 +187,7 @@ def read_local_rows(path: str | Path) -> Iterator[RawRow]:
         for index, row in enumerate(pq.read_table(path).to_pylist()):
             yield RawRow(f"{path} row {index}", row)
     else:
-        raise DataError(
-            f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or a folder)"
-        )
+        raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or a folder)")
 
 
 def _load_local_dataset(path: Path) -> Any:
@@ -237,9 +236,7 @@ def read_source_rows(cfg: DataConfig, path_key: str = "data.path") -> Iterator[R
     if cfg.path:
         return read_local_rows(cfg.path)
     if not cfg.hub_id:
-        raise DataError(
-            f"source {cfg.source.value} needs a hub_id or a local copy ({path_key}=FILE_OR_FOLDER)"
-        )
+        raise DataError(f"source {cfg.source.value} needs a hub_id or a local copy ({path_key}=FILE_OR_FOLDER)")
     return read_hub_rows(cfg.hub_id, cfg.revision, cfg.split, path_key)
 
 
@@ -249,11 +246,7 @@ def get_path(row: dict[str, Any], dotted: str, where: str) -> Any:
     for part in dotted.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif (
-            isinstance(value, (list, tuple))
-            and part.lstrip("-").isdigit()
-            and -len(value) <= int(part) < len(value)
-        ):
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
             value = value[int(part)]
         else:
             available = ", ".join(sorted(row)) if isinstance(row, dict) else "?"
@@ -294,9 +287,7 @@ def to_examples(rows: Iterable[RawRow], cfg: DataConfig, stats: PrepareStats) ->
     examples: list[MathExample] = []
     for index, raw in enumerate(rows):
         stats.read += 1
-        question = _as_text(
-            get_path(raw.fields, cfg.columns.question, raw.where), raw.where, cfg.columns.question
-        )
+        question = _as_text(get_path(raw.fields, cfg.columns.question, raw.where), raw.where, cfg.columns.question)
         answer = _as_text(get_path(raw.fields, cfg.columns.answer, raw.where), raw.where, cfg.columns.answer)
         if cfg.strip_dapo_template:
             stripped = strip_dapo_template(question)
@@ -344,16 +335,12 @@ def dedupe(examples: list[MathExample], stats: PrepareStats) -> list[MathExample
     return kept
 
 
-def split_dev(
-    examples: list[MathExample], dev_size: int, seed: int
-) -> tuple[list[MathExample], list[MathExample]]:
+def split_dev(examples: list[MathExample], dev_size: int, seed: int) -> tuple[list[MathExample], list[MathExample]]:
     """Seeded split into (train, dev); both keep the input order."""
     if dev_size == 0:
         return list(examples), []
     if dev_size >= len(examples):
-        raise DataError(
-            f"data.dev_size={dev_size} leaves no training examples ({len(examples)} examples after dedupe)"
-        )
+        raise DataError(f"data.dev_size={dev_size} leaves no training examples ({len(examples)} examples after dedupe)")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     dev_index = set(order[:dev_size])

@@ -82,15 +82,14 @@ def _unicode_space(data: np.ndarray, i: int) -> int:
     second, third = data[i + 1], data[i + 2]
     if lead == 0xE2 and second == 0x80:
         return 3 if third <= 0x8A or third == 0xA8 or third == 0xA9 or third == 0xAF else 0
-    matched = (lead == 0xE1 and second == 0x9A and third == 0x80) or (
-        lead == 0xE2 and second == 0x81 and third == 0x9F
-    )
+    matched = (lead == 0xE1 and second == 0x9A and third == 0x80) or (lead == 0xE2 and second == 0x81 and third == 0x9F)
     return 3 if matched or (lead == 0xE3 and second == 0x80 and third == 0x80) else 0
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(data: np.ndarray, rows: int, n: int, present: np.ndarray, index: np.ndarray,
-          keep_all: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+def _scan(
+    data: np.ndarray, rows: int, n: int, present: np.ndarray, index: np.ndarray, keep_all: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The n-grams of `rows` NUL-terminated rows in data (bytes,) uint8: every one (keep_all), or only those
     in the index (sorted hashes, with the presence table over their top bits). Returns their hashes (G,)
     uint64, their rows (G,), the words per row (rows,) and the number of rows seen (more than `rows` when a
@@ -165,8 +164,9 @@ def _mix(x: np.uint64) -> np.uint64:
     return x ^ (x >> np.uint64(31))
 
 
-def _scan_rows(texts: list[str], n: int, latex: bool, punctuation: bool, present: np.ndarray, index: np.ndarray,
-               keep_all: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def _scan_rows(
+    texts: list[str], n: int, latex: bool, punctuation: bool, present: np.ndarray, index: np.ndarray, keep_all: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`_scan` over normalised texts: (n-gram hashes (G,), their rows (G,) in row order, words per row (R,)).
 
     The buffer holds the ASCII rows first, then the others (lowercased with str.lower(); the scan lowercases
@@ -182,13 +182,11 @@ def _scan_rows(texts: list[str], n: int, latex: bool, punctuation: bool, present
         others = list(map(str.lower, others))
     flags = np.array(is_ascii, dtype=np.bool_)
     order = np.concatenate([np.flatnonzero(flags), np.flatnonzero(~flags)])  # buffer row -> row
-    data = b"".join("\x00".join([*group, ""]).encode() for group in (plain, others) if group)  # fmt: skip
-    hashes, owners, per_row, seen = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index,
-                                          keep_all)  # fmt: skip
+    data = b"".join("\x00".join([*group, ""]).encode() for group in (plain, others) if group)
+    hashes, owners, per_row, seen = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index, keep_all)
     if seen != len(texts):  # a row held a NUL
         data = b"".join(t.encode().replace(b"\x00", b"\xff") + b"\x00" for t in plain + others)
-        hashes, owners, per_row, _ = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index,
-                                           keep_all)  # fmt: skip
+        hashes, owners, per_row, _ = _scan(np.frombuffer(data, dtype=np.uint8), len(texts), n, present, index, keep_all)
     owners = order[owners]
     by_row = np.argsort(owners, kind="stable")  # a row's n-grams stay in text order
     words_per_row = np.empty_like(per_row)
@@ -196,8 +194,9 @@ def _scan_rows(texts: list[str], n: int, latex: bool, punctuation: bool, present
     return hashes[by_row], owners[by_row], words_per_row
 
 
-def ngram_hashes(texts: list[str], n: int, latex: bool = True,
-                 punctuation: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def ngram_hashes(
+    texts: list[str], n: int, latex: bool = True, punctuation: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """64-bit hashes of every word n-gram of every normalised text (n = 1: of every word), their rows (in row
     order), and the words per row."""
     return _scan_rows(texts, n, latex, punctuation, np.zeros(1, np.uint8), np.zeros(1, np.uint64), True)
@@ -249,12 +248,11 @@ class BenchmarkIndex:
         # Items shorter than n words, which no n-gram can see: matched by their whole normalised text.
         self.short = {t: i for i, t in enumerate(normal) if len(t.split()) < n and t}
 
-    def _shared_ngrams(
-        self, texts: list[str], first: int
-    ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    def _shared_ngrams(self, texts: list[str], first: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
         """The shared n-grams of a chunk of rows (hashes (G,), rows + first (G,)), and the words per row."""
-        hashes, owners, words_per_row = _scan_rows(texts, self.n, self.latex, self.punctuation, self.present,
-                                                   self.hashes, False)  # fmt: skip
+        hashes, owners, words_per_row = _scan_rows(
+            texts, self.n, self.latex, self.punctuation, self.present, self.hashes, False
+        )
         return (hashes, owners + first), words_per_row
 
     def overlaps(self, texts: list[str], chunk_rows: int = 2048, threads: int = 2) -> list[Overlap]:
@@ -263,23 +261,18 @@ class BenchmarkIndex:
         scans one chunk while the first encodes the next."""
         starts = range(0, len(texts), chunk_rows)
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            chunks = list(
-                pool.map(lambda first: self._shared_ngrams(texts[first : first + chunk_rows], first), starts)
-            )
+            chunks = list(pool.map(lambda first: self._shared_ngrams(texts[first : first + chunk_rows], first), starts))
         if not chunks:
             return []
         # Distinct (shared n-gram, row) pairs: a row that repeats an n-gram counts it once.
-        hashes, owners = _distinct(
-            np.concatenate([c[0][0] for c in chunks]), np.concatenate([c[0][1] for c in chunks])
-        )
+        hashes, owners = _distinct(np.concatenate([c[0][0] for c in chunks]), np.concatenate([c[0][1] for c in chunks]))
         words_per_row = [c[1] for c in chunks]
         # One (row, item) per distinct shared n-gram and each item that has it, counted per (row, item).
         low = np.searchsorted(self.hashes, hashes, side="left")
         width = np.searchsorted(self.hashes, hashes, side="right") - low
         at = np.repeat(low - np.cumsum(width) + width, width) + np.arange(width.sum())
         items_total = len(self.sizes)
-        keys, shared = np.unique(np.repeat(owners, width) * items_total + self.owners[at],
-                                 return_counts=True)  # fmt: skip
+        keys, shared = np.unique(np.repeat(owners, width) * items_total + self.owners[at], return_counts=True)
         rows, items = keys // items_total, keys % items_total
         coverage = shared / np.maximum(1, self.sizes[items])
         # Sorted by row, then coverage, shared count and lowest index: each row's best item comes last.
@@ -292,8 +285,9 @@ class BenchmarkIndex:
                 if item is not None:
                     exact[row] = item
         out = [NO_OVERLAP] * len(texts)
-        for row, item, count, cover in zip(rows[best].tolist(), items[best].tolist(), shared[best].tolist(),
-                                           coverage[best].tolist(), strict=True):  # fmt: skip
+        for row, item, count, cover in zip(
+            rows[best].tolist(), items[best].tolist(), shared[best].tolist(), coverage[best].tolist(), strict=True
+        ):
             out[row] = Overlap(item, count, cover, row in exact)
         for row, item in exact.items():
             if out[row] is NO_OVERLAP:
@@ -301,8 +295,14 @@ class BenchmarkIndex:
         return out
 
 
-def flagged(overlap: Overlap, rule: str, threshold: float, numbers: float = 0.0, min_shared: int = 3,
-            text_only_threshold: float = 0.5) -> bool:  # fmt: skip
+def flagged(
+    overlap: Overlap,
+    rule: str,
+    threshold: float,
+    numbers: float = 0.0,
+    min_shared: int = 3,
+    text_only_threshold: float = 0.5,
+) -> bool:
     """`any`: one shared n-gram. `coverage`: at least `threshold` of the item's n-grams (and `min_shared` of them)
     with the row's numbers found in the item (`numbers` = number_precision), or `text_only_threshold` of the
     item's n-grams whatever the numbers. A normalised exact match of a short item is always flagged."""

@@ -50,8 +50,18 @@ def launch_processes(nproc: int, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "retool_cli", "train", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "retool_cli",
+        "train",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
     log.info("launching %d processes: %s", nproc, " ".join(command))
     if subprocess.run(command).returncode != 0:
         raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
@@ -157,9 +167,7 @@ def full_state(model: Any, optimizer: Any) -> tuple[dict | None, dict | None]:
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options), get_optimizer_state_dict(
-        model, optimizer, options=options
-    )
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def load_optimizer_state(model: Any, optimizer: Any, state: dict) -> None:

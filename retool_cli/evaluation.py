@@ -38,9 +38,7 @@ def load_benchmark(cfg: RetoolConfig) -> tuple[list[MathExample], str | None]:
     )
     if bench.part is SplitPart.dev:
         if not dev:
-            raise ConfigError(
-                f"benchmark.part=dev but the data has no dev split (data.dev_size=0) for {bench.name}"
-            )
+            raise ConfigError(f"benchmark.part=dev but the data has no dev split (data.dev_size=0) for {bench.name}")
         problems = dev
     else:
         problems = train + dev
@@ -99,13 +97,28 @@ def append_rows(path: Path, rows: list[dict]) -> None:
 def eval_rollout(cfg: RetoolConfig) -> RolloutConfig:
     """The agent loop's settings with the benchmark's samples per problem and sampling."""
     bench = cfg.benchmark
-    return replace(cfg.rollout, group_size=bench.n_samples, temperature=bench.temperature, top_p=bench.top_p,
-                   max_response_tokens=bench.max_response_tokens)  # fmt: skip
+    return replace(
+        cfg.rollout,
+        group_size=bench.n_samples,
+        temperature=bench.temperature,
+        top_p=bench.top_p,
+        max_response_tokens=bench.max_response_tokens,
+    )
 
 
-def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Path, engine: Any, protocol: Any,
-                    sandbox: Any, verifier: Verifier, rollout: RolloutConfig, per_batch: int,
-                    per_problem_seeds: bool = False, progress: Any = None) -> list[dict]:  # fmt: skip
+def sample_problems(
+    problems: list[MathExample],
+    cfg: RetoolConfig,
+    out_dir: Path,
+    engine: Any,
+    protocol: Any,
+    sandbox: Any,
+    verifier: Verifier,
+    rollout: RolloutConfig,
+    per_batch: int,
+    per_problem_seeds: bool = False,
+    progress: Any = None,
+) -> list[dict]:
     """Sample and judge every problem `rollout.group_size` times, skipping chunks already in samples.jsonl.
 
     Seeds follow the chunk index, or with `per_problem_seeds` (one problem per chunk) the problem id, so that
@@ -119,9 +132,7 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
             len(done),
             len(problems) * rollout.group_size,
         )
-    judge = replace(
-        cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0
-    )
+    judge = replace(cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0)
     per_batch = 1 if per_problem_seeds else per_batch
     chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
     written = 0  # chunks this process appended
@@ -130,10 +141,12 @@ def sample_problems(problems: list[MathExample], cfg: RetoolConfig, out_dir: Pat
             _advance(progress, len(chunk))
             continue
         seed = cfg.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
-        trajectories, _ = run_rollouts(chunk, engine, protocol, sandbox, rollout, seed=seed,
-                                       max_context_tokens=cfg.context_tokens())  # fmt: skip
-        scores = score_batch([(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories],
-                             judge, verifier)  # fmt: skip
+        trajectories, _ = run_rollouts(
+            chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=cfg.context_tokens()
+        )
+        scores = score_batch(
+            [(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories], judge, verifier
+        )
         append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
@@ -149,19 +162,30 @@ def _advance(progress: Any, n: int) -> None:
 def _sample_row(t: Any, s: Any, seed: int) -> dict:
     statuses = Counter(r["status"] for r in t.tool_results)
     return {
-        "problem_id": t.example.id, "sample_index": t.sample_index, "seed": seed, "answer": s.extracted,
-        "correct": s.correct, "formatted": s.formatted, "truncated": t.truncated, "judge_timed_out": s.timed_out,
-        "turns": t.turns, "code_calls": len(t.code_calls), "code_errors": statuses["error"],
-        "code_timeouts": statuses["timeout"], "response_tokens": len(t.response_ids), "stop_reason": t.stop_reason,
+        "problem_id": t.example.id,
+        "sample_index": t.sample_index,
+        "seed": seed,
+        "answer": s.extracted,
+        "correct": s.correct,
+        "formatted": s.formatted,
+        "truncated": t.truncated,
+        "judge_timed_out": s.timed_out,
+        "turns": t.turns,
+        "code_calls": len(t.code_calls),
+        "code_errors": statuses["error"],
+        "code_timeouts": statuses["timeout"],
+        "response_tokens": len(t.response_ids),
+        "stop_reason": t.stop_reason,
         "text": t.text,
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------ summary
 
 
-def summarize(rows: list[dict], problems: list[MathExample], n: int, verifier: Verifier,
-              bootstrap: int, seed: int) -> tuple[dict[str, Any], list[dict]]:  # fmt: skip
+def summarize(
+    rows: list[dict], problems: list[MathExample], n: int, verifier: Verifier, bootstrap: int, seed: int
+) -> tuple[dict[str, Any], list[dict]]:
     """Benchmark metrics and the per-problem table from the sample rows."""
     by_problem: dict[str, list[dict]] = {}
     for row in rows:
@@ -188,12 +212,16 @@ def summarize(rows: list[dict], problems: list[MathExample], n: int, verifier: V
                 "majority_answer": majority,
                 "reference": problem.answer,
             }
-        )  # fmt: skip (majority of all n)
+        )  # majority_answer: the majority of all n samples
     acc = avg_at_k(correct, bootstrap=bootstrap, seed=seed)
     calls = sum(r["code_calls"] for r in flat)
     metrics: dict[str, Any] = {
-        f"avg@{n}": acc.mean, "se_sampling": acc.se_sampling, "se_problems": acc.se_problems,
-        "ci95_bootstrap": list(acc.ci95), "problems": len(problems), "samples_per_problem": n,
+        f"avg@{n}": acc.mean,
+        "se_sampling": acc.se_sampling,
+        "se_problems": acc.se_problems,
+        "ci95_bootstrap": list(acc.ci95),
+        "problems": len(problems),
+        "samples_per_problem": n,
         **{f"pass@{k}": mean([pass_at_k(n, sum(f), k) for f in correct]) for k in k_values(n)},
         **{f"maj@{k}": mean([float(h) for h in hits]) for k, hits in maj_hits.items()},
         "format_rate": mean([float(r["formatted"]) for r in flat]),
@@ -206,5 +234,5 @@ def summarize(rows: list[dict], problems: list[MathExample], n: int, verifier: V
         "response_tokens": mean([r["response_tokens"] for r in flat]),
         "judge_timeouts": sum(bool(r["judge_timed_out"]) for r in flat),
         **{f"stop_{reason}": mean([float(r["stop_reason"] == reason) for r in flat]) for reason in STOP_REASONS},
-    }  # fmt: skip
+    }
     return metrics, table

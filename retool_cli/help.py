@@ -113,7 +113,8 @@ COMMANDS = {
         ),
         (
             "retool train recipe=dapo_smoke trainer.init_from=outputs/sft/DAY/TIME",
-            "retool train -m recipe=dapo_smoke seed=1,2,3 hydra.sweep.dir=outputs/sweep/train 'hydra.sweep.subdir=seed_${seed}'",
+            "retool train -m recipe=dapo_smoke seed=1,2,3 hydra.sweep.dir=outputs/sweep/train "
+            "'hydra.sweep.subdir=seed_${seed}'",
             "retool train recipe=retool_qwen2.5_7b trainer.init_from=SFT_RUN   # 8 GPUs, vLLM",
         ),
     ),
@@ -148,8 +149,11 @@ def field_docs(source: Path = CONFIG_SOURCE) -> dict[str, str]:
     """{dotted key: its documentation}: the comment on a field's line, else the comment lines just above it,
     for every field reachable from RetoolConfig."""
     text = source.read_text()
-    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT}  # fmt: skip
+    comments = {
+        tok.start[0]: tok.string.lstrip("# ").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    }
     lines = text.splitlines()
     classes: dict[str, dict[str, tuple[str, str]]] = {}  # class -> field -> (annotation, doc)
     for node in ast.parse(text).body:
@@ -187,19 +191,28 @@ def _options(group: str) -> str:
 def render(command: str, values: dict[str, object] | None = None) -> str:
     """The help text of one command; `values`: the keys' values under the overrides given (shown as `= ...`)."""
     spec, docs, values = COMMANDS[command], field_docs(), values or {}
-    out = [f"retool {command}: {spec.what}", "", f"Reads:  {spec.reads}", f"Writes: {spec.writes}",
-           "        (RUN: outputs/{command}/DAY/TIME, or hydra.run.dir=FOLDER)".replace("{command}", command), "",
-           "Keys (KEY=VALUE on the command line; values as composed with what you typed):"]  # fmt: skip
+    out = [
+        f"retool {command}: {spec.what}",
+        "",
+        f"Reads:  {spec.reads}",
+        f"Writes: {spec.writes}",
+        "        (RUN: outputs/{command}/DAY/TIME, or hydra.run.dir=FOLDER)".replace("{command}", command),
+        "",
+        "Keys (KEY=VALUE on the command line; values as composed with what you typed):",
+    ]
     for key in spec.keys:
         shown = f" = {values[key]}" if key in values else ""
         out.append(f"  {key}{shown}")
         if docs.get(key):
             out += textwrap.wrap(docs[key], width=110, initial_indent=" " * 6, subsequent_indent=" " * 6)
     out += ["", "Config groups (GROUP=OPTION):"]
+    out += [f"  {group}: {_options(group)}" for group in ("recipe", "data", "benchmark", "rollout", "protocol")]
     out += [
-        f"  {group}: {_options(group)}" for group in ("recipe", "data", "benchmark", "rollout", "protocol")
+        "",
+        "Examples:",
+        *(f"  {example}" for example in spec.examples),
+        "",
+        f"Every key: retool {command} --cfg job   (the composed config; any key of it can be set)",
+        f"Hydra's flags (sweeps, launchers): retool {command} --hydra-help",
     ]
-    out += ["", "Examples:", *(f"  {example}" for example in spec.examples), "",
-            f"Every key: retool {command} --cfg job   (the composed config; any key of it can be set)",
-            f"Hydra's flags (sweeps, launchers): retool {command} --hydra-help"]  # fmt: skip
     return "\n".join(out) + "\n"

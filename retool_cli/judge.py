@@ -30,9 +30,7 @@ _EMPTY_SET = re.compile(
     r"^(?:\\varnothing|\\emptyset|\\\{\s*\\\}|(?:\\text\{)?\s*(?:no\s+(?:real\s+)?solutions?|none|empty\s+set)\s*\}?)$",
     re.IGNORECASE,
 )
-_SET_BUILDER = re.compile(
-    r"^\\\{\s*([A-Za-z])\s*(?:\\in\s*\\mathbb\{?R\}?\s*)?(?:\\mid|\||:)\s*(.+?)\s*\\\}$"
-)
+_SET_BUILDER = re.compile(r"^\\\{\s*([A-Za-z])\s*(?:\\in\s*\\mathbb\{?R\}?\s*)?(?:\\mid|\||:)\s*(.+?)\s*\\\}$")
 _THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 _SPACED_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:(?:\\,|\\ |~| )\d{3})+(?:\.\d+)?$")
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
@@ -169,9 +167,7 @@ def _region(expr):
     if isinstance(expr, (sympy.Interval, sympy.Union, sympy.Complement, sympy.Intersection)):
         return expr
     relations = list(expr.args) if isinstance(expr, sympy.FiniteSet) else [expr]
-    if not all(
-        isinstance(r, (sympy.Rel, sympy.And, sympy.Or)) and not isinstance(r, sympy.Eq) for r in relations
-    ):
+    if not all(isinstance(r, (sympy.Rel, sympy.And, sympy.Or)) and not isinstance(r, sympy.Eq) for r in relations):
         return None
     symbols = set().union(*(r.free_symbols for r in relations))
     if len(symbols) != 1:
@@ -254,9 +250,7 @@ def judge(gold: str, pred: str) -> bool:
             wanted
         )  # sympy keeps sets canonical: (2, oo) from x > 2 is Interval.open(2, oo)
     # float_rounding=12, not math-verify's 6: inside tuples, sets and matrices too, 1.0000001 is not 1
-    verdict = bool(
-        verify(g, p, float_rounding=12, allow_set_relation_comp=region is not None, timeout_seconds=None)
-    )
+    verdict = bool(verify(g, p, float_rounding=12, allow_set_relation_comp=region is not None, timeout_seconds=None))
     return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)
 
 

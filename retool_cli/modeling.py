@@ -49,13 +49,19 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
         log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
         if rollout.dtype == "auto" and (rollout.engine is Engine.vllm or not trainer.fsdp):
             rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
-        return replace(config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True),
-                       rollout=rollout)  # fmt: skip
+        return replace(
+            config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True), rollout=rollout
+        )
     if resolve_dtype(model.dtype, device) != torch.float32:
-        log.warning("model.dtype=%s: training updates %s weights directly; AdamW steps smaller than half "
-                    "a weight's spacing in %s are lost (at RL learning rates, most of them). For mixed "
-                    "precision use model.dtype=float32 trainer.bf16_autocast=true (what model.dtype=auto "
-                    "picks on CUDA).", model.dtype, model.dtype, model.dtype)  # fmt: skip
+        log.warning(
+            "model.dtype=%s: training updates %s weights directly; AdamW steps smaller than half "
+            "a weight's spacing in %s are lost (at RL learning rates, most of them). For mixed "
+            "precision use model.dtype=float32 trainer.bf16_autocast=true (what model.dtype=auto "
+            "picks on CUDA).",
+            model.dtype,
+            model.dtype,
+            model.dtype,
+        )
     return config
 
 
@@ -104,8 +110,9 @@ def load_model(cfg: ModelConfig) -> Any:
     return model.to(device)
 
 
-def load_policy(cfg: ModelConfig, source: str | None = None, gradient_checkpointing: bool = False,
-                adapter: Path | None = None) -> Any:  # fmt: skip
+def load_policy(
+    cfg: ModelConfig, source: str | None = None, gradient_checkpointing: bool = False, adapter: Path | None = None
+) -> Any:
     """The policy to train, in train mode: weights from `source` (default: `cfg.name_or_path`), optional
     gradient checkpointing, and LoRA adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
     from dataclasses import replace
@@ -130,8 +137,13 @@ def apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None = None) -> Any
         raise ConfigError("model.lora_rank > 0 needs peft: pip install -e '.[lora]'") from exc
     if adapter is not None:
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                        target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")  # fmt: skip
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, config)
     except ValueError as exc:  # e.g. no module matches the target names

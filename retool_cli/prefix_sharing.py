@@ -26,13 +26,12 @@ from retool_cli.rollout.kv_decoder import supports
 def usable(model: Any) -> bool:
     """A Llama-family decoder this pass can run layer by layer (a LoRA model through its base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return (
-        supports(base) and not is_sharded(model) and not getattr(base.model, "gradient_checkpointing", False)
-    )
+    return supports(base) and not is_sharded(model) and not getattr(base.model, "gradient_checkpointing", False)
 
 
-def response_logits(model: Any, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                    device: torch.device) -> torch.Tensor:  # fmt: skip
+def response_logits(
+    model: Any, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device: torch.device
+) -> torch.Tensor:
     """Logits predicting each response token (B, R, V), R the longest response; row b's positions past its
     length are padding."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -50,8 +49,9 @@ def response_logits(model: Any, prompts: list[list[int]], responses: list[list[i
     prompt_attend = (torch.ones_like(eye).tril() & prompt_mask.bool()[:, None, :]) | eye  # (U, P, P)
     # Response queries see their prompt's real tokens and earlier response tokens.
     causal = torch.ones((length, length), dtype=torch.bool, device=device).tril()
-    response_attend = torch.cat([prompt_mask.bool()[group][:, None, :].expand(-1, length, -1),
-                                 causal.expand(len(group), -1, -1)], dim=-1)  # (B, R, P + R)  # fmt: skip
+    response_attend = torch.cat(
+        [prompt_mask.bool()[group][:, None, :].expand(-1, length, -1), causal.expand(len(group), -1, -1)], dim=-1
+    )  # (B, R, P + R)
 
     hidden_p = inner.embed_tokens(prompt_ids)  # (U, P, C)
     hidden_r = inner.embed_tokens(response_ids)  # (B, R, C)
@@ -74,9 +74,7 @@ def response_logits(model: Any, prompts: list[list[int]], responses: list[list[i
     return base.lm_head(inner.norm(last))
 
 
-def _projected(
-    attn: Any, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-) -> tuple[torch.Tensor, ...]:
+def _projected(attn: Any, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Queries, keys, values of x (N, T, C) as (N, heads, T, D), rotary embedding applied."""
     shape = (*x.shape[:2], -1, attn.head_dim)
     q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
@@ -87,19 +85,16 @@ def _projected(
     return q, k, v.transpose(1, 2)
 
 
-def _attend(
-    attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor
-) -> torch.Tensor:
+def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Attention of q (N, H, T, D) over k, v (N, Hkv, L, D) where allowed (N, T, L); returns (N, T, H * D)."""
     dropout = attn.attention_dropout if attn.training else 0.0
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout,
-                                         scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed[:, None], dropout_p=dropout, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out.transpose(1, 2).flatten(2)
 
 
-def _pad(
-    seqs: list[list[int]], pad_id: int, device: torch.device, left: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad(seqs: list[list[int]], pad_id: int, device: torch.device, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(1, max(len(s) for s in seqs))
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)

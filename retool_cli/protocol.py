@@ -36,8 +36,18 @@ TOOL_SCHEMA = {
         },
     },
 }
-PROTOCOL_TAGS = ["<code>", "</code>", "<interpreter>", "</interpreter>", "<tool_call>", "</tool_call>",
-                 "<tool_response>", "</tool_response>", "<think>", "</think>"]  # fmt: skip
+PROTOCOL_TAGS = [
+    "<code>",
+    "</code>",
+    "<interpreter>",
+    "</interpreter>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
 
 
 @dataclass
@@ -162,9 +172,7 @@ class TaggedProtocol:
         return parse_tagged_call(turn_text)
 
     def result_ids(self, result_text: str) -> list[int]:
-        return self.tokenizer.encode(
-            f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False
-        )
+        return self.tokenizer.encode(f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False)
 
 
 class ChatToolProtocol:
@@ -190,8 +198,11 @@ class ChatToolProtocol:
         """Render a conversation with placeholders, check each step only appends, return the text that
         follows a model's tool call up to the next assistant header, split at the result."""
         base = self._messages("Q")
-        call = {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": self._CODE}}}]}  # fmt: skip
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": self._CODE}}}],
+        }
         prompt = self._render(base, True)
         with_call = self._render([*base, call], False)
         with_result = self._render([*base, call, {"role": "tool", "content": self._RESULT}], True)
@@ -218,9 +229,7 @@ class ChatToolProtocol:
 
 
 def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -48,10 +48,16 @@ def git_state(folder: Path = PROJECT_DIR) -> dict[str, Any] | None:
     if not (folder / ".git").exists():
         return None
     try:
-        commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=True, timeout=10).stdout  # fmt: skip
+        commit = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": bool(status.strip())}
@@ -82,8 +88,13 @@ def data_record(data: DataConfig) -> dict[str, Any]:
     if data.path:
         return {"source": data.source.value, **file_record(data.path)}
     if data.hub_id:
-        return {"source": data.source.value, "hub_id": data.hub_id, "revision": data.revision, "split": data.split,
-                "resolved_revision": resolve_hub_revision(data.hub_id, data.revision)}  # fmt: skip
+        return {
+            "source": data.source.value,
+            "hub_id": data.hub_id,
+            "revision": data.revision,
+            "split": data.split,
+            "resolved_revision": resolve_hub_revision(data.hub_id, data.revision),
+        }
     return {"source": data.source.value, "generated": True}
 
 
@@ -93,8 +104,12 @@ def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {"data": data_record(config.data)}
     if config.benchmark.data is not None and config.command in ("eval", "train"):
         files["benchmark.data"] = data_record(config.benchmark.data)
-    named = {"trainer.train_file": config.trainer.train_file, "sft.traces_file": config.sft.traces_file,
-             "filter.input": config.filter.input, "decontam.input": config.decontam.input}  # fmt: skip
+    named = {
+        "trainer.train_file": config.trainer.train_file,
+        "sft.traces_file": config.sft.traces_file,
+        "filter.input": config.filter.input,
+        "decontam.input": config.decontam.input,
+    }
     if config.command == "decontaminate":
         named |= {f"decontam.benchmark_paths.{k}": v for k, v in config.decontam.benchmark_paths.items()}
     for key, path in named.items():

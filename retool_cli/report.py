@@ -50,12 +50,23 @@ def run_row(results: dict) -> dict:
     n = m["samples_per_problem"]
     training = p.get("training") or {}
     return {
-        "folder": results["folder"], "setting": p.get("setting") or results["folder"], "benchmark": p["benchmark"],
-        "model": p.get("ckpt") or p["model"], "training_run": training.get("run"), "step": p.get("training_step"),
-        "seed": p.get("seed"), "training_seed": training.get("seed"), "n": n, "accuracy": m[f"avg@{n}"],
-        "se_sampling": m["se_sampling"], "se_problems": m["se_problems"], "ci95": m["ci95_bootstrap"],
-        "majority": m[f"maj@{n}"], "format_rate": m["format_rate"], "code_calls": m["code_calls"],
-    }  # fmt: skip
+        "folder": results["folder"],
+        "setting": p.get("setting") or results["folder"],
+        "benchmark": p["benchmark"],
+        "model": p.get("ckpt") or p["model"],
+        "training_run": training.get("run"),
+        "step": p.get("training_step"),
+        "seed": p.get("seed"),
+        "training_seed": training.get("seed"),
+        "n": n,
+        "accuracy": m[f"avg@{n}"],
+        "se_sampling": m["se_sampling"],
+        "se_problems": m["se_problems"],
+        "ci95": m["ci95_bootstrap"],
+        "majority": m[f"maj@{n}"],
+        "format_rate": m["format_rate"],
+        "code_calls": m["code_calls"],
+    }
 
 
 def group_rows(rows: list[dict]) -> list[dict]:
@@ -69,14 +80,23 @@ def group_rows(rows: list[dict]) -> list[dict]:
         acc = [r["accuracy"] for r in members]
         k, mean = len(acc), sum(acc) / len(acc)
         std = math.sqrt(sum((a - mean) ** 2 for a in acc) / (k - 1)) if k > 1 else None
-        results.append({
-            "setting": setting, "label": _label([r["training_run"] or r["model"] for r in members]),
-            "benchmark": members[0]["benchmark"], "step": step, "seeds": [_seed(r) for r in members], "n_seeds": k,
-            "mean": mean, "std_seeds": std, "se_seeds": std / math.sqrt(k) if std is not None else None,
-            # the sampling error of the mean of k runs, each with its own (independent) sampling error
-            "se_sampling": math.sqrt(sum(r["se_sampling"] ** 2 for r in members)) / k,
-            "se_problems": sum(r["se_problems"] for r in members) / k, "runs": [r["folder"] for r in members],
-        })  # fmt: skip
+        results.append(
+            {
+                "setting": setting,
+                "label": _label([r["training_run"] or r["model"] for r in members]),
+                "benchmark": members[0]["benchmark"],
+                "step": step,
+                "seeds": [_seed(r) for r in members],
+                "n_seeds": k,
+                "mean": mean,
+                "std_seeds": std,
+                "se_seeds": std / math.sqrt(k) if std is not None else None,
+                # the sampling error of the mean of k runs, each with its own (independent) sampling error
+                "se_sampling": math.sqrt(sum(r["se_sampling"] ** 2 for r in members)) / k,
+                "se_problems": sum(r["se_problems"] for r in members) / k,
+                "runs": [r["folder"] for r in members],
+            }
+        )
     return results
 
 
@@ -97,21 +117,33 @@ def _pct(x: float | None) -> str:
 
 
 def markdown(rows: list[dict], groups: list[dict]) -> str:
-    lines = ["## Results (mean over seeds)", "",
-             "| setting | step | benchmark | seeds | mean avg@n | ± std (seeds) | ± se (seeds) | ± se (sampling) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Results (mean over seeds)",
+        "",
+        "| setting | step | benchmark | seeds | mean avg@n | ± std (seeds) | ± se (seeds) | ± se (sampling) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for g in groups:
-        lines.append(f"| {g['label']} | {_or_dash(g['step'])} | {g['benchmark']} | {g['n_seeds']} | {_pct(g['mean'])} "
-                     f"| {_pct(g['std_seeds'])} | {_pct(g['se_seeds'])} | {_pct(g['se_sampling'])} |")  # fmt: skip
-    lines += ["", "## Runs", "",
-              "| run | step | seed | benchmark | n | avg@n | ± se (sampling) | ± se (problems) | 95% CI | maj@n | format | code calls |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines.append(
+            f"| {g['label']} | {_or_dash(g['step'])} | {g['benchmark']} | {g['n_seeds']} | {_pct(g['mean'])} "
+            f"| {_pct(g['std_seeds'])} | {_pct(g['se_seeds'])} | {_pct(g['se_sampling'])} |"
+        )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | step | seed | benchmark | n | avg@n | ± se (sampling) | ± se (problems) | 95% CI | maj@n | format "
+        "| code calls |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         low, high = r["ci95"]
-        lines.append(f"| {r['model']} | {_or_dash(r['step'])} | {_or_dash(_seed(r))} | {r['benchmark']} | {r['n']} "
-                     f"| {_pct(r['accuracy'])} | {_pct(r['se_sampling'])} | {_pct(r['se_problems'])} "
-                     f"| [{_pct(low)}, {_pct(high)}] | {_pct(r['majority'])} | {_pct(r['format_rate'])} "
-                     f"| {r['code_calls']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {r['model']} | {_or_dash(r['step'])} | {_or_dash(_seed(r))} | {r['benchmark']} | {r['n']} "
+            f"| {_pct(r['accuracy'])} | {_pct(r['se_sampling'])} | {_pct(r['se_problems'])} "
+            f"| [{_pct(low)}, {_pct(high)}] | {_pct(r['majority'])} | {_pct(r['format_rate'])} "
+            f"| {r['code_calls']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -121,8 +153,8 @@ def _or_dash(value: object) -> str:
 
 def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
     """Accuracy per setting: against training step (one faint line per seed, the mean over seeds bold) where a
-    setting has several steps, else one position per setting (each seed a faint dot); bars are ±1.96 se over seeds (over problems for a
-    single run), clipped to [0, 100]. Beside it, format rate and code calls per run."""
+    setting has several steps, else one position per setting (each seed a faint dot); bars are ±1.96 se over
+    seeds (over problems for a single run), clipped to [0, 100]. Beside it, format rate and code calls per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,8 +168,9 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
         xs = [g["step"] or 0 for g in points] if curves else [i]
         color = f"C{i % 10}"
         for seed in dict.fromkeys(s for g in points for s in g["seeds"]):  # each seed faint, the mean bold
-            mine = sorted((r["step"] or 0, 100 * r["accuracy"]) for r in rows
-                          if r["setting"] == setting and _seed(r) == seed)  # fmt: skip
+            mine = sorted(
+                (r["step"] or 0, 100 * r["accuracy"]) for r in rows if r["setting"] == setting and _seed(r) == seed
+            )
             steps, accs = zip(*mine, strict=True)
             axes[0].plot(steps if curves else [i] * len(accs), accs, color=color, alpha=0.3, lw=1, marker=".")
         means = [100 * g["mean"] for g in points]
@@ -145,9 +178,7 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
         low = [min(e, m) for e, m in zip(err, means, strict=True)]  # clipped: accuracy stays in [0, 100]
         high = [min(e, 100 - m) for e, m in zip(err, means, strict=True)]
         label = (
-            f"{points[0]['label']} ({points[0]['n_seeds']} seeds)"
-            if points[0]["n_seeds"] > 1
-            else points[0]["label"]
+            f"{points[0]['label']} ({points[0]['n_seeds']} seeds)" if points[0]["n_seeds"] > 1 else points[0]["label"]
         )
         axes[0].errorbar(xs, means, yerr=[low, high], marker="o", capsize=4, color=color, lw=2, label=label)
     axes[0].set_ylim(0, 100)
@@ -162,9 +193,7 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
     axes[2].bar(order, [r["code_calls"] for r in rows], color="C2")
     axes[2].set_title("code calls per sample, per run")
     for ax in axes[1:]:
-        ax.set_xticks(
-            order, [f"step {_or_dash(r['step'])}\nseed {_or_dash(_seed(r))}" for r in rows], fontsize=7
-        )
+        ax.set_xticks(order, [f"step {_or_dash(r['step'])}\nseed {_or_dash(_seed(r))}" for r in rows], fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -115,9 +115,7 @@ def exact_number(text: str) -> Fraction | None:
     match = _FRAC.match(text)
     if match:
         sign, num, den = (
-            (match.group(1), match.group(2), match.group(3))
-            if match.group(2)
-            else ("", match.group(4), match.group(5))
+            (match.group(1), match.group(2), match.group(3)) if match.group(2) else ("", match.group(4), match.group(5))
         )
         if int(den) != 0:
             return Fraction(int(num), int(den)) * (-1 if sign else 1)
@@ -150,8 +148,11 @@ class _JudgeProcess:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from retool_cli.judge import judge_worker_main; judge_worker_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.ready = False
 
     def wait_ready(self) -> None:
@@ -299,9 +300,7 @@ def dapo_strict_correct(final_text: str, gold: str) -> tuple[bool, str | None]:
     return extracted is not None and extracted.strip() == gold.strip(), extracted
 
 
-def score_batch(
-    items: list[tuple[str, str, bool, int]], cfg: RewardConfig, verifier: Verifier
-) -> list[RewardScore]:
+def score_batch(items: list[tuple[str, str, bool, int]], cfg: RewardConfig, verifier: Verifier) -> list[RewardScore]:
     """Score (final assistant text, reference answer, truncated, response tokens) tuples."""
     if cfg.function is RewardFunction.dapo_strict:
         strict = [dapo_strict_correct(answer_text(text), gold) for text, gold, _, _ in items]
@@ -310,21 +309,17 @@ def score_batch(
     else:
         extracted = [extract_boxed(answer_text(text), cfg.answer_window_chars) for text, _, _, _ in items]
         to_check = [
-            (i, (items[i][1], found))
-            for i, found in enumerate(extracted)
-            if found is not None and not items[i][2]
+            (i, (items[i][1], found)) for i, found in enumerate(extracted) if found is not None and not items[i][2]
         ]
-        checked = dict(
-            zip([i for i, _ in to_check], verifier.verify_many([pair for _, pair in to_check]), strict=True)
-        )
+        checked = dict(zip([i for i, _ in to_check], verifier.verify_many([pair for _, pair in to_check]), strict=True))
         verdicts = [checked.get(i, Verdict(False)) for i in range(len(items))]
-    return [_score(found, verdict, truncated, tokens, cfg)
-            for (_, _, truncated, tokens), found, verdict in zip(items, extracted, verdicts, strict=True)]  # fmt: skip
+    return [
+        _score(found, verdict, truncated, tokens, cfg)
+        for (_, _, truncated, tokens), found, verdict in zip(items, extracted, verdicts, strict=True)
+    ]
 
 
-def _score(
-    found: str | None, verdict: Verdict, truncated: bool, tokens: int, cfg: RewardConfig
-) -> RewardScore:
+def _score(found: str | None, verdict: Verdict, truncated: bool, tokens: int, cfg: RewardConfig) -> RewardScore:
     correct = verdict.equivalent and not truncated and found is not None
     reward = 1.0 if correct else -1.0
     if cfg.format_weight and found is not None:
@@ -338,8 +333,15 @@ def _score(
     return RewardScore(reward, found, correct, found is not None, truncated, verdict.timed_out, penalty)
 
 
-def score(final_text: str, gold: str, cfg: RewardConfig, verifier: Verifier, *, truncated: bool = False,
-          response_tokens: int = 0) -> RewardScore:  # fmt: skip
+def score(
+    final_text: str,
+    gold: str,
+    cfg: RewardConfig,
+    verifier: Verifier,
+    *,
+    truncated: bool = False,
+    response_tokens: int = 0,
+) -> RewardScore:
     """Score one response (see score_batch)."""
     return score_batch([(final_text, gold, truncated, response_tokens)], cfg, verifier)[0]
 

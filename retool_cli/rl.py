@@ -32,8 +32,9 @@ from retool_cli.rollout.agent import Trajectory, run_rollouts
 from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_logprobs
 
 
-def rollout_batch(trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None,
-                  metrics: dict | None = None) -> Batch:  # fmt: skip
+def rollout_batch(
+    trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None, metrics: dict | None = None
+) -> Batch:
     """The envelope of a rollout round for the update: per sample its trajectory (and reward score) and its
     reward (N,); the round's rollout metrics in meta."""
     objects: dict[str, list] = {"trajectory": trajectories}
@@ -42,8 +43,16 @@ def rollout_batch(trajectories: list[Trajectory], rewards: torch.Tensor, scores:
     return Batch({"reward": rewards.to(torch.float32)}, objects, {"metrics": metrics or {}})
 
 
-def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: int, engine: Any, protocol: Any,
-            sandbox: Any, verifier: Verifier) -> tuple[Batch, int]:  # fmt: skip
+def collect(
+    cfg: RetoolConfig,
+    examples: list[MathExample],
+    cursor: int,
+    step: int,
+    engine: Any,
+    protocol: Any,
+    sandbox: Any,
+    verifier: Verifier,
+) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
     of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);
     the update then drops the all-equal groups."""
@@ -54,11 +63,13 @@ def collect(cfg: RetoolConfig, examples: list[MathExample], cursor: int, step: i
         questions = take_batch(examples, cursor, t.questions_per_step)[rank::size]  # this process's share
         cursor += t.questions_per_step
         seed = cfg.seed * 1_000_003 + step * 16 + round_index + rank * 7919
-        got, metrics = run_rollouts(questions, engine, protocol, sandbox, cfg.rollout, seed=seed,
-                                    max_context_tokens=cfg.context_tokens())  # fmt: skip
+        got, metrics = run_rollouts(
+            questions, engine, protocol, sandbox, cfg.rollout, seed=seed, max_context_tokens=cfg.context_tokens()
+        )
         started = time.perf_counter()
-        scores = score_batch([(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got],
-                             cfg.reward, verifier)  # fmt: skip
+        scores = score_batch(
+            [(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got], cfg.reward, verifier
+        )
         metrics = {**metrics, "rollout/reward_s": time.perf_counter() - started}  # the judge's time
         rounds.append(rollout_batch(got, torch.tensor([s.reward for s in scores]), scores, metrics))
         if not t.dynamic_sampling:
@@ -84,12 +95,11 @@ def _merge_round_metrics(rounds: list[Batch]) -> dict[str, float]:
         if key.endswith("_per_s"):  # a rate: recomputed below
             continue
         values = [(len(r), r.meta["metrics"].get(key, 0.0)) for r in rounds]
-        merged[key] = (
-            sum(v for _, v in values) if key.endswith("_s") else sum(n * v for n, v in values) / total
-        )
+        merged[key] = sum(v for _, v in values) if key.endswith("_s") else sum(n * v for n, v in values) / total
     if "rollout/gen_tokens_per_s" in keys:  # tokens / seconds over all rounds
-        tokens = sum(r.meta["metrics"]["rollout/gen_tokens_per_s"] * r.meta["metrics"]["rollout/generate_s"]
-                     for r in rounds)  # fmt: skip
+        tokens = sum(
+            r.meta["metrics"]["rollout/gen_tokens_per_s"] * r.meta["metrics"]["rollout/generate_s"] for r in rounds
+        )
         seconds = merged["rollout/generate_s"]
         merged["rollout/gen_tokens_per_s"] = tokens / seconds if seconds else 0.0
     return merged
@@ -101,8 +111,9 @@ def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
     return torch.tensor([index.setdefault(x.example.id, len(index)) for x in trajectories])
 
 
-def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, scheduler: Any, pad_id: int,
-           ref_model: Any = None) -> dict[str, float]:  # fmt: skip
+def update(
+    cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, scheduler: Any, pad_id: int, ref_model: Any = None
+) -> dict[str, float]:
     """Policy-gradient updates on one rollout batch (`rollout_batch`); returns loss statistics."""
     t = cfg.trainer
     device = next(model.parameters()).device
@@ -110,8 +121,9 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
     groups = group_ids(trajectories)
     advantages = group_advantages(rewards, groups, t.advantage.value)  # (N,)
     degenerate = degenerate_groups(rewards, groups)  # (N,)
-    masks = [[0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask
-             for x in trajectories]  # fmt: skip
+    masks = [
+        [0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask for x in trajectories
+    ]
     # The sampling logprobs are the engine's; the trainer recomputes them so that ratios compare like with like.
     # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
     # as the old ones and the extra forward pass is skipped (as TRL does with num_iterations=1).
@@ -147,9 +159,7 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
             lengths = [len(x.token_ids) for x in mini.objects["trajectory"]]
             for group in _equalized(micro_batches(lengths, t.micro_batch_tokens), model):
                 if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
-                    logp, _, _ = sequence_logprobs(
-                        model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast
-                    )
+                    logp, _, _ = sequence_logprobs(model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast)
                     (logp.sum() * 0.0).backward()
                     continue
                 loss, loss_stats, sums = _micro_loss(cfg, model, mini.index(group), pad_id, tokens, mini_size)
@@ -177,8 +187,9 @@ def update(cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, schedule
     return out
 
 
-def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens: float,
-                mini_size: float) -> tuple[torch.Tensor, Any, dict[str, float]]:  # fmt: skip
+def _micro_loss(
+    cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens: float, mini_size: float
+) -> tuple[torch.Tensor, Any, dict[str, float]]:
     """The loss of one micro-batch, scaled so that the micro-batches (and processes) of a mini-batch add up to
     its loss; its policy-loss statistics; sums for the step's metrics (entropy over the model's tokens, and
     the KL-to-reference term when there is one)."""
@@ -186,19 +197,31 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
     device = next(model.parameters()).device
     trajectories = micro.objects["trajectory"]
     prompt_lens = [len(x.prompt_ids) for x in trajectories]
-    logp, _, entropy = sequence_logprobs(model, [x.token_ids for x in trajectories], pad_id, device,
-                                         bf16_autocast=t.bf16_autocast,
-                                         entropy="loss" if t.entropy_coef > 0 else "metric",
-                                         prompt_lens=prompt_lens)  # (B, L-1)  # fmt: skip
+    logp, _, entropy = sequence_logprobs(
+        model,
+        [x.token_ids for x in trajectories],
+        pad_id,
+        device,
+        bf16_autocast=t.bf16_autocast,
+        entropy="loss" if t.entropy_coef > 0 else "metric",
+        prompt_lens=prompt_lens,
+    )  # (B, L-1)
     width = logp.shape[1]
     mask = response_mask_matrix(prompt_lens, micro.objects["mask"], width, device)
     old = micro.objects.get("old_logprobs")
     old_logp = logp.detach() if old is None else _stack(old, width, device)
     loss, loss_stats = policy_loss(
-        logp, old_logp, micro.tensors["advantage"].to(device), mask, clip_low=t.clip_low, clip_high=t.clip_high,
-        aggregation=t.loss_agg.value, dual_clip=t.dual_clip, max_tokens=cfg.rollout.max_response_tokens,
+        logp,
+        old_logp,
+        micro.tensors["advantage"].to(device),
+        mask,
+        clip_low=t.clip_low,
+        clip_high=t.clip_high,
+        aggregation=t.loss_agg.value,
+        dual_clip=t.dual_clip,
+        max_tokens=cfg.rollout.max_response_tokens,
         loss_scale_tokens=float(tokens),
-    )  # fmt: skip
+    )
     if t.loss_agg.value != "token_mean":  # per-sequence means: weight micro-batches by their share
         loss = loss * len(micro) / mini_size
     entropy_sum = (entropy * mask).sum()
@@ -214,17 +237,22 @@ def _micro_loss(cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens
 
 
 @torch.no_grad()
-def _all_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,
-                  device: torch.device, budget: int, bf16_autocast: bool) -> list[torch.Tensor]:  # fmt: skip
+def _all_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    pad_id: int,
+    device: torch.device,
+    budget: int,
+    bf16_autocast: bool,
+) -> list[torch.Tensor]:
     """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches; only the
     positions predicting response tokens are meaningful (the prompt's are 0 when prompts are shared)."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
         lens = [prompt_lens[i] for i in group] or [1]
-        logp, _, _ = sequence_logprobs(
-            model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens
-        )
+        logp, _, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens)
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out

@@ -24,15 +24,21 @@ def config_key(cfg: RetoolConfig) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def find_resumable(run_dir: Path, key: str, search_root: Path, finished: str = "results.json",
-                   progress: str = "samples.jsonl") -> Path:  # fmt: skip
+def find_resumable(
+    run_dir: Path, key: str, search_root: Path, finished: str = "results.json", progress: str = "samples.jsonl"
+) -> Path:
     """The folder to write into: this one, or the latest unfinished run (no `finished` file, some `progress`
     file) of the same config key under `search_root` (train: metrics.jsonl / final.txt)."""
     if (run_dir / progress).exists():
         return run_dir
-    candidates = [p.parent for p in search_root.rglob(KEY_FILE)
-                  if p.read_text().strip() == key and not (p.parent / finished).exists()
-                  and (p.parent / progress).exists() and p.parent != run_dir]  # fmt: skip
+    candidates = [
+        p.parent
+        for p in search_root.rglob(KEY_FILE)
+        if p.read_text().strip() == key
+        and not (p.parent / finished).exists()
+        and (p.parent / progress).exists()
+        and p.parent != run_dir
+    ]
     if not candidates:
         return run_dir
     latest = max(candidates, key=lambda p: (p / progress).stat().st_mtime)
@@ -73,8 +79,6 @@ def setting_key(cfg: RetoolConfig, training: dict | None) -> str:
     keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     for key in ("seed", "ckpt", "eval"):
         keep.pop(key, None)
-    if (
-        training is not None and training["setting"] is not None
-    ):  # the same training setting, any seed or step
+    if training is not None and training["setting"] is not None:  # the same training setting, any seed or step
         keep["model"]["name_or_path"] = training["setting"]
     return _digest(keep)

@@ -42,8 +42,14 @@ log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = Path(__file__).with_name("sandbox_worker.py")
 STATUSES = ("ok", "error", "timeout", "killed")
-_SNIPPET_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # fmt: skip
+_SNIPPET_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 _uid_blocks = itertools.count()  # each Sandbox of this process gets its own range of snippet uids
 _warned_rlimits = False
 
@@ -56,9 +62,7 @@ class SandboxError(RetoolError):
 class ExecResult:
     stdout: str
     stderr: str
-    status: (
-        str  # ok | error (exception, non-zero exit) | timeout (wall or CPU) | killed (memory, output, signal)
-    )
+    status: str  # ok | error (exception, non-zero exit) | timeout (wall or CPU) | killed (memory, output, signal)
     duration_s: float
     reason: str = ""  # why it was not ok, in words ("memory limit exceeded", "killed by signal SIGSEGV", ...)
     exit_code: int | None = None
@@ -76,8 +80,11 @@ def bwrap_usable() -> tuple[bool, str]:
         return False, "bubblewrap (bwrap) is not installed"
     probe = subprocess.run(
         [exe, *_namespace_flags(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
-        capture_output=True, text=True, env={}, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={},
+        timeout=30,
+    )
     if probe.returncode != 0:
         return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
     return True, ""
@@ -91,9 +98,7 @@ def resolve_isolation(requested: Isolation) -> Isolation:
     if usable:
         return Isolation.bwrap
     if requested is Isolation.bwrap:
-        raise SandboxError(
-            f"sandbox.isolation=bwrap but {why}; install bubblewrap or set sandbox.isolation=rlimits"
-        )
+        raise SandboxError(f"sandbox.isolation=bwrap but {why}; install bubblewrap or set sandbox.isolation=rlimits")
     if not _warned_rlimits:
         log.warning(  # loud on purpose: a silently weaker sandbox is how tool RL quietly goes wrong
             "SANDBOX IS NOT JAILED: %s. Falling back to sandbox.isolation=rlimits: limits, scrubbed environment and "
@@ -166,8 +171,12 @@ def _bwrap_command(config: SandboxConfig, setup: dict) -> list[str]:
     else:
         cmd += ["--"]
     jail_exe = exe if in_usr else os.path.join(py_root, os.path.relpath(exe, base))
-    jail_setup = {**setup, "sys_path": [f"/opt/site/{i}" for i in range(len(setup["host_site_dirs"]))],
-                  "scratch_root": "/tmp", "clean_dirs": ["/dev/shm"]}  # fmt: skip
+    jail_setup = {
+        **setup,
+        "sys_path": [f"/opt/site/{i}" for i in range(len(setup["host_site_dirs"]))],
+        "scratch_root": "/tmp",
+        "clean_dirs": ["/dev/shm"],
+    }
     return [*cmd, jail_exe, "-s", "-E", "-B", "/opt/retool_worker.py", json.dumps(jail_setup)]
 
 
@@ -190,14 +199,22 @@ class _Worker:
         cfg = self.config
         site_dirs = _site_dirs(cfg.preload)
         setup = {
-            "preload": cfg.preload, "warmup": cfg.warmup, "host_site_dirs": site_dirs, "uid": self.uid,
-            "env": _SNIPPET_ENV, "seed": cfg.seed, "timeout_s": cfg.timeout_s,
+            "preload": cfg.preload,
+            "warmup": cfg.warmup,
+            "host_site_dirs": site_dirs,
+            "uid": self.uid,
+            "env": _SNIPPET_ENV,
+            "seed": cfg.seed,
+            "timeout_s": cfg.timeout_s,
             "limits": {
-                "memory_bytes": cfg.memory_mb << 20, "cpu_time_s": cfg.cpu_time_s,
-                "max_file_bytes": cfg.max_file_mb << 20, "max_open_files": cfg.max_open_files,
-                "max_processes": cfg.max_processes, "max_output_bytes": cfg.max_output_bytes,
+                "memory_bytes": cfg.memory_mb << 20,
+                "cpu_time_s": cfg.cpu_time_s,
+                "max_file_bytes": cfg.max_file_mb << 20,
+                "max_open_files": cfg.max_open_files,
+                "max_processes": cfg.max_processes,
+                "max_output_bytes": cfg.max_output_bytes,
             },
-        }  # fmt: skip
+        }
         if self.isolation is Isolation.bwrap:
             cmd = _bwrap_command(self.config, setup)
         else:
@@ -220,7 +237,8 @@ class _Worker:
         if not ready or not ready.get("ready"):
             self.stop()
             raise SandboxError(
-                f"a sandbox worker ({self.isolation.value}) failed to start within {self.config.start_timeout_s:.0f} s; "
+                f"a sandbox worker ({self.isolation.value}) failed to start within "
+                f"{self.config.start_timeout_s:.0f} s; "
                 "its error output is above"
             )
 
@@ -231,21 +249,22 @@ class _Worker:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
             self._send({"code": code})
-            reply = self._receive(
-                started + self.config.timeout_s + 10.0
-            )  # the worker enforces timeout_s itself
+            reply = self._receive(started + self.config.timeout_s + 10.0)  # the worker enforces timeout_s itself
         except (OSError, ValueError):
             reply = None
         if reply is None or "infra_error" in reply:
             detail = "sandbox worker died or stopped answering" if reply is None else reply["infra_error"]
             self.stop()
-            return ExecResult(
-                "", "", "killed", time.monotonic() - started, detail, None, False, infra_error=True
-            )
+            return ExecResult("", "", "killed", time.monotonic() - started, detail, None, False, infra_error=True)
         return ExecResult(
-            reply["stdout"], reply["stderr"], reply["status"], reply["duration_s"], reply["reason"],
-            reply["exit_code"], reply["truncated"],
-        )  # fmt: skip
+            reply["stdout"],
+            reply["stderr"],
+            reply["status"],
+            reply["duration_s"],
+            reply["reason"],
+            reply["exit_code"],
+            reply["truncated"],
+        )
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -394,9 +413,7 @@ class Sandbox:
         }
         out["infra_error_rate"] = counts["infra"] / total if total else 0.0
         out["latency_p50_s"] = latencies[len(latencies) // 2] if latencies else 0.0
-        out["latency_p95_s"] = (
-            latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else 0.0
-        )
+        out["latency_p95_s"] = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else 0.0
         return out
 
     def _record(self, result: ExecResult) -> None:

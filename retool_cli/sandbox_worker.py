@@ -283,8 +283,11 @@ def _children() -> list[int]:
     """Pids of this process's children, from /proc/self/task/*/children (cheap) or a /proc scan."""
     me = os.getpid()
     try:
-        return [int(pid) for task in os.listdir("/proc/self/task")
-                for pid in open(f"/proc/self/task/{task}/children").read().split()]  # fmt: skip
+        return [
+            int(pid)
+            for task in os.listdir("/proc/self/task")
+            for pid in open(f"/proc/self/task/{task}/children").read().split()
+        ]
     except OSError:
         pass
     pids = []

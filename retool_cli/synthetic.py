@@ -71,10 +71,7 @@ def linear_system(rng: random.Random, d: int) -> tuple[str, int]:
         a, b, c, e = (rng.choice([i for i in range(-9 * d, 9 * d + 1) if i != 0]) for _ in range(4))
         if a * e - b * c != 0:
             break
-    question = (
-        f"Solve the system {a}*x + {b}*y = {a * x + b * y} and {c}*x + {e}*y = {c * x + e * y}. "
-        "What is x + y?"
-    )
+    question = f"Solve the system {a}*x + {b}*y = {a * x + b * y} and {c}*x + {e}*y = {c * x + e * y}. What is x + y?"
     return question, x + y
 
 
@@ -89,9 +86,7 @@ def generate(cfg: SyntheticConfig, seed: int) -> Iterator[tuple[str, str, str]]:
     kind is equally common. A kind whose problem space is too small for the request raises."""
     unknown = [k for k in cfg.kinds if k not in KINDS]
     if unknown or not cfg.kinds:
-        raise ConfigError(
-            f"data.synthetic.kinds: unknown {unknown or 'empty list'}; available: {', '.join(KINDS)}"
-        )
+        raise ConfigError(f"data.synthetic.kinds: unknown {unknown or 'empty list'}; available: {', '.join(KINDS)}")
     rng = random.Random(f"retool-synthetic-{seed}")
     seen: set[str] = set()
     for index in range(cfg.num_examples):
@@ -128,8 +123,10 @@ def solution_code(question: str) -> str:
     if "sum of i^" in question:
         return f"print(sum(i ** {n[0]} for i in range({n[1]}, {n[2]} + 1)))"
     if "Solve the system" in question:
-        return (f"import sympy\nx, y = sympy.symbols('x y')\ns = sympy.solve([{n[0]}*x + {n[1]}*y - ({n[2]}), "
-                f"{n[3]}*x + {n[4]}*y - ({n[5]})], [x, y])\nprint(s[x] + s[y])")  # fmt: skip
+        return (
+            f"import sympy\nx, y = sympy.symbols('x y')\ns = sympy.solve([{n[0]}*x + {n[1]}*y - ({n[2]}), "
+            f"{n[3]}*x + {n[4]}*y - ({n[5]})], [x, y])\nprint(s[x] + s[y])"
+        )
     if " * " in question:
         return f"print({n[0]} * {n[1]})"
     raise ValueError(f"not a generated question: {question!r}")

@@ -18,8 +18,18 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Protocol tags as single (non-special) tokens: they decode as text and the model can learn them cheaply.
-TAG_TOKENS = ["<code>", "</code>", "<interpreter>", "</interpreter>", "<tool_call>", "</tool_call>",
-              "<tool_response>", "</tool_response>", "\\boxed{", "```python"]  # fmt: skip
+TAG_TOKENS = [
+    "<code>",
+    "</code>",
+    "<interpreter>",
+    "</interpreter>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "\\boxed{",
+    "```python",
+]
 
 # ChatML with Hermes-style tools (the layout of Qwen2.5's template, much reduced).
 CHAT_TEMPLATE = (
@@ -85,17 +95,15 @@ def training_corpus(seed: int, n: int = 1800) -> list[str]:
 
     rng = random.Random(seed)
     lines = []
-    for _, question, answer in generate(
-        SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed
-    ):
+    for _, question, answer in generate(SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed):
         lines.append(question)
-        lines.append(
-            f"Let me compute it.\n```python\nprint({rng.randint(2, 999)} * {rng.randint(2, 999)})\n```\n"
-        )
+        lines.append(f"Let me compute it.\n```python\nprint({rng.randint(2, 999)} * {rng.randint(2, 999)})\n```\n")
         lines.append(f"The result is {answer}. So the answer is \\boxed{{{answer}}}.")
-    lines += ["Traceback (most recent call last): NameError: name 'x' is not defined",
-              "import sympy\nfrom math import comb, gcd\nsum(int(d) for d in str(2**100))",
-              "You are a helpful assistant. Solve the problem; write Python code when a computation is hard."]  # fmt: skip
+    lines += [
+        "Traceback (most recent call last): NameError: name 'x' is not defined",
+        "import sympy\nfrom math import comb, gcd\nsum(int(d) for d in str(2**100))",
+        "You are a helpful assistant. Solve the problem; write Python code when a computation is hard.",
+    ]
     return lines
 
 
@@ -109,14 +117,20 @@ def build_tokenizer(vocab_size: int, seed: int):
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator(training_corpus(seed), trainer=trainer)
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|pad|>",
-        padding_side="left", model_max_length=TINY_SPEC["max_positions"],
-    )  # fmt: skip
+        tokenizer_object=tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        padding_side="left",
+        model_max_length=TINY_SPEC["max_positions"],
+    )
     hf.add_tokens(TAG_TOKENS)
     hf.chat_template = CHAT_TEMPLATE
     return hf
@@ -128,11 +142,18 @@ def build_model(tokenizer, spec: dict):
 
     torch.manual_seed(spec["seed"])
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=spec["hidden"], intermediate_size=spec["hidden"] * 4,
-        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["heads"],
-        max_position_embeddings=spec["max_positions"], tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["hidden"] * 4,
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["heads"],
+        max_position_embeddings=spec["max_positions"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,

@@ -49,9 +49,7 @@ def render(protocol: Any, question: str, segments: list[tuple[str, str]]) -> Tra
     return Trace(protocol.prompt_ids(question), ids, mask)
 
 
-def synthetic_traces(
-    examples: list[MathExample], protocol: Any, code_fraction: float, seed: int
-) -> list[Trace]:
+def synthetic_traces(examples: list[MathExample], protocol: Any, code_fraction: float, seed: int) -> list[Trace]:
     """One trace per example: with probability `code_fraction` it computes with the interpreter, otherwise it
     states the answer directly."""
     eos = protocol.tokenizer.eos_token
@@ -103,9 +101,7 @@ def message_traces(path: str | Path, protocol: Any) -> list[Trace]:
                 elif role != "system":
                     raise DataError(f"{path}:{line_no}: unexpected role {role!r}")
             if question is None or not segments or segments[-1][0] != "model":
-                raise DataError(
-                    f"{path}:{line_no}: needs a user message and must end with an assistant message"
-                )
+                raise DataError(f"{path}:{line_no}: needs a user message and must end with an assistant message")
             segments[-1] = ("model", segments[-1][1] + eos)
             traces.append(render(protocol, question, segments))
     return traces
@@ -114,8 +110,6 @@ def message_traces(path: str | Path, protocol: Any) -> list[Trace]:
 def dump_messages(path: str | Path, question: str, segments: list[tuple[str, str]]) -> None:
     """Append one trace in the messages format (used to write examples and test files)."""
     messages = [{"role": "user", "content": question}]
-    messages += [
-        {"role": "assistant" if kind == "model" else "tool", "content": text} for kind, text in segments
-    ]
+    messages += [{"role": "assistant" if kind == "model" else "tool", "content": text} for kind, text in segments]
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"messages": messages}) + "\n")

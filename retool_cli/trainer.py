@@ -22,9 +22,7 @@ from retool_cli.modeling import is_lora, merged_state_dict
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay
-    )
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
 def build_scheduler(
@@ -62,9 +60,16 @@ def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.
     return out.to(device)
 
 
-def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, device: torch.device,
-                      temperature: float = 1.0, bf16_autocast: bool = False, entropy: str = "off",
-                      prompt_lens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def sequence_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    temperature: float = 1.0,
+    bf16_autocast: bool = False,
+    entropy: str = "off",
+    prompt_lens: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
     policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
     With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
@@ -73,8 +78,9 @@ def sequence_logprobs(model: Any, sequences: list[list[int]], pad_id: int, devic
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
     if prompt_lens is not None and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
-        logp, entropy_per_token = _grouped_logprobs(model, sequences, prompt_lens, pad_id, device, temperature,
-                                                    bf16_autocast, entropy, ids.shape[1] - 1)  # fmt: skip
+        logp, entropy_per_token = _grouped_logprobs(
+            model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
+        )
         return logp, attention[:, 1:], entropy_per_token
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
@@ -86,9 +92,17 @@ def _repeats_a_prompt(sequences: list[list[int]], prompt_lens: list[int]) -> boo
     return len({tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}) < len(sequences)
 
 
-def _grouped_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[int], pad_id: int,
-                      device: torch.device, temperature: float, bf16_autocast: bool, entropy: str,
-                      width: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def _grouped_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    pad_id: int,
+    device: torch.device,
+    temperature: float,
+    bf16_autocast: bool,
+    entropy: str,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` through prefix_sharing: response positions filled, in the same (B, width) layout."""
     prompts = [s[:n] for s, n in zip(sequences, prompt_lens, strict=True)]
     responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]
@@ -107,8 +121,9 @@ def _grouped_logprobs(model: Any, sequences: list[list[int]], prompt_lens: list[
     return logp, entropy_per_token
 
 
-def response_mask_matrix(prompt_lens: list[int], response_masks: list[list[int]], width: int,
-                         device: torch.device) -> torch.Tensor:  # fmt: skip
+def response_mask_matrix(
+    prompt_lens: list[int], response_masks: list[list[int]], width: int, device: torch.device
+) -> torch.Tensor:
     """(B, width) mask aligned with `sequence_logprobs`: position t predicts token t+1."""
     out = torch.zeros((len(prompt_lens), width), dtype=torch.float32)
     for i, (start, mask) in enumerate(zip(prompt_lens, response_masks, strict=True)):
@@ -129,8 +144,17 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
-                    state: dict, keep_last: int, full: tuple[dict | None, dict | None] = (None, None)) -> Path:  # fmt: skip
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict,
+    keep_last: int,
+    full: tuple[dict | None, dict | None] = (None, None),
+) -> Path:
     """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
     in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
     data cursor). `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
@@ -147,8 +171,10 @@ def save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, optimi
         model.save_pretrained(staging, state_dict=model_state)
     tokenizer.save_pretrained(staging)
     optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
-    torch.save({"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                "step": step, **state}, staging / "trainer_state.pt")  # fmt: skip
+    torch.save(
+        {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, **state},
+        staging / "trainer_state.pt",
+    )
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
     for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
@@ -176,8 +202,9 @@ def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: 
 class MetricsLog:
     """metrics.jsonl (always); TensorBoard and W&B when configured (trainer.tensorboard, trainer.wandb_project)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None,
-                 config: dict | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None, config: dict | None = None
+    ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.tensorboard = self.wandb = None
         try:
@@ -188,8 +215,13 @@ class MetricsLog:
             if wandb_project:
                 import wandb
 
-                self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, resume="allow",
-                                        id=run_dir.name.replace("/", "-"))  # fmt: skip
+                self.wandb = wandb.init(
+                    project=wandb_project,
+                    dir=str(run_dir),
+                    config=config,
+                    resume="allow",
+                    id=run_dir.name.replace("/", "-"),
+                )
         except ImportError as exc:
             raise ConfigError(
                 f"{exc.name} is not installed: pip install -e '.[{'wandb' if wandb_project else 'tensorboard'}]'"

@@ -22,9 +22,7 @@ def run_retool(
         timeout=timeout,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(
-            f"retool {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
+        raise AssertionError(f"retool {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
@@ -32,9 +30,7 @@ def die_after(args: list[str], cwd: Path, when: str) -> None:
     """Run `retool ARGS` and let it die by SIGKILL at a chosen point (`when`: step:N or chunk:N, see
     retool_cli/faults.py): the same point on every run, unlike killing it from outside on a timer."""
     proc = run_retool(*args, cwd=cwd, env={"RETOOL_DIE_AFTER": when})
-    assert proc.returncode == -signal.SIGKILL, (
-        f"expected death at {when}, got {proc.returncode}:\n{proc.stderr}"
-    )
+    assert proc.returncode == -signal.SIGKILL, f"expected death at {when}, got {proc.returncode}:\n{proc.stderr}"
 
 
 def read_jsonl(path: Path) -> list[dict]:

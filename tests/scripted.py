@@ -15,8 +15,9 @@ class ScriptedEngine:
         self.script = script
         self.seen_prompts: list[list[int]] = []  # every context it was asked to continue, as ids
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
-                 sampling: Sampling) -> list[Generation]:  # fmt: skip
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+    ) -> list[Generation]:
         out = []
         for prompt, budget in zip(prompts, max_new_tokens, strict=True):
             self.seen_prompts.append(list(prompt))

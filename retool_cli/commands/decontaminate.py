@@ -24,9 +24,7 @@ def load_benchmark_problems(name: str, paths: dict[str, str | None], seed: int) 
     option = CONF_DIR / "benchmark" / f"{name}.yaml"
     if not option.exists() or name == "smoke":
         available = sorted(p.stem for p in option.parent.glob("*.yaml") if p.stem != "smoke")
-        raise ConfigError(
-            f"decontam.benchmarks: unknown benchmark {name!r}; available: {', '.join(available)}"
-        )
+        raise ConfigError(f"decontam.benchmarks: unknown benchmark {name!r}; available: {', '.join(available)}")
     bench: BenchmarkConfig = OmegaConf.to_object(
         OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), OmegaConf.load(option))
     )  # type: ignore[assignment]
@@ -40,11 +38,7 @@ def load_benchmark_problems(name: str, paths: dict[str, str | None], seed: int) 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.decontam
-    rows = (
-        load_examples(cfg.input, "decontam.input")
-        if cfg.input
-        else prepare_dataset(config.data, config.seed)[0]
-    )
+    rows = load_examples(cfg.input, "decontam.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     texts = [r.question for r in rows]
     best: dict[int, dict] = {}
     per_benchmark = {}
@@ -52,29 +46,46 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         problems = load_benchmark_problems(name, cfg.benchmark_paths, config.seed)
         items = [p.question for p in problems]
         shared = BenchmarkIndex(items, cfg.n, cfg.latex_folding, cfg.punctuation_folding).overlaps(texts)
-        cover = BenchmarkIndex(items, cfg.coverage_n, cfg.latex_folding, cfg.punctuation_folding).overlaps(
-            texts
-        )
+        cover = BenchmarkIndex(items, cfg.coverage_n, cfg.latex_folding, cfg.punctuation_folding).overlaps(texts)
         hits = 0
         for i, (s, c) in enumerate(zip(shared, cover, strict=True)):
             o = s if cfg.rule == "any" else c
             numbers = number_precision(texts[i], items[o.item]) if o.item >= 0 else 0.0
             if flagged(o, cfg.rule, cfg.threshold, numbers, cfg.min_shared, cfg.text_only_threshold):
                 hits += 1
-                match = {"benchmark": name, "item_id": problems[o.item].id, "coverage": round(c.coverage, 4),
-                         "shared_ngrams": s.shared, "number_precision": round(numbers, 4), "exact": o.exact}  # fmt: skip
+                match = {
+                    "benchmark": name,
+                    "item_id": problems[o.item].id,
+                    "coverage": round(c.coverage, 4),
+                    "shared_ngrams": s.shared,
+                    "number_precision": round(numbers, 4),
+                    "exact": o.exact,
+                }
                 if i not in best or match["coverage"] > best[i]["coverage"]:
                     best[i] = match
-        per_benchmark[name] = {"problems": len(problems), "flagged_rows": hits,
-                               "any_rule_rows": sum(s.shared > 0 for s in shared)}  # fmt: skip
+        per_benchmark[name] = {
+            "problems": len(problems),
+            "flagged_rows": hits,
+            "any_rule_rows": sum(s.shared > 0 for s in shared),
+        }
     clean = [r.to_dict() for i, r in enumerate(rows) if i not in best]
     removed = [{**rows[i].to_dict(), **match} for i, match in sorted(best.items())]
     write_jsonl(run_dir / "clean.jsonl", clean)
     write_jsonl(run_dir / "removed.jsonl", removed)
-    write_json(run_dir / "report.json", {"input": cfg.input or f"data={config.data.name}", "rows": len(rows),
-                                         "kept": len(clean), "removed": len(removed), "rule": cfg.rule,
-                                         "threshold": cfg.threshold, "n": cfg.n, "coverage_n": cfg.coverage_n,
-                                         "benchmarks": per_benchmark})  # fmt: skip
+    write_json(
+        run_dir / "report.json",
+        {
+            "input": cfg.input or f"data={config.data.name}",
+            "rows": len(rows),
+            "kept": len(clean),
+            "removed": len(removed),
+            "rule": cfg.rule,
+            "threshold": cfg.threshold,
+            "n": cfg.n,
+            "coverage_n": cfg.coverage_n,
+            "benchmarks": per_benchmark,
+        },
+    )
     table = Table(title=f"retool decontaminate ({cfg.rule}): {len(rows)} rows, {len(removed)} removed")
     for column in ("benchmark", "problems", "flagged rows", f"rows sharing an {cfg.n}-gram (any rule)"):
         table.add_column(column, justify="right")

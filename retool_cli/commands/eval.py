@@ -36,27 +36,32 @@ log = logging.getLogger(__name__)
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     if config.ckpt:  # a training checkpoint replaces the model; its step labels the report
-        config = replace(
-            config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
-        )
+        config = replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
     problems, _ = load_benchmark(config)
     bench = config.benchmark
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     protocol = build_protocol(config.protocol, tokenizer)
     if overlong := overlong_prompts(protocol, problems, config.rollout.max_prompt_tokens):
-        raise DataError(f"{bench.name}: {len(overlong)} problems have a prompt longer than rollout.max_prompt_tokens="
-                        f"{config.rollout.max_prompt_tokens} (first: {overlong[0].id}); raise it (and "
-                        "model.max_context_tokens with it): a benchmark is measured whole")  # fmt: skip
+        raise DataError(
+            f"{bench.name}: {len(overlong)} problems have a prompt longer than rollout.max_prompt_tokens="
+            f"{config.rollout.max_prompt_tokens} (first: {overlong[0].id}); raise it (and "
+            "model.max_context_tokens with it): a benchmark is measured whole"
+        )
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
     write_key(out_dir, key)
-    log.info("%s: %d problems x %d samples, model %s, protocol %s -> %s", bench.name, len(problems),
-             bench.n_samples, config.model.name_or_path, config.protocol.name.value, out_dir)  # fmt: skip
+    log.info(
+        "%s: %d problems x %d samples, model %s, protocol %s -> %s",
+        bench.name,
+        len(problems),
+        bench.n_samples,
+        config.model.name_or_path,
+        config.protocol.name.value,
+        out_dir,
+    )
 
-    model = (
-        None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()
-    )  # vLLM loads its own
+    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
     engine = build_engine(config, model, tokenizer)
     use_tool = config.protocol.name is not ProtocolName.none
     with contextlib.ExitStack() as stack:
@@ -64,26 +69,41 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
-            rows = sample_problems(problems, config, out_dir, engine, protocol, sandbox, verifier, eval_rollout(config),
-                                   config.eval.questions_per_batch, progress=lambda n: progress.advance(task, n))  # fmt: skip
-        metrics, table = summarize(
-            rows, problems, bench.n_samples, verifier, config.eval.bootstrap, config.seed
-        )
+            rows = sample_problems(
+                problems,
+                config,
+                out_dir,
+                engine,
+                protocol,
+                sandbox,
+                verifier,
+                eval_rollout(config),
+                config.eval.questions_per_batch,
+                progress=lambda n: progress.advance(task, n),
+            )
+        metrics, table = summarize(rows, problems, bench.n_samples, verifier, config.eval.bootstrap, config.seed)
     results = {
         "metrics": metrics,
         "protocol": {
-            "model": config.model.name_or_path, "ckpt": config.ckpt,
+            "model": config.model.name_or_path,
+            "ckpt": config.ckpt,
             "training": (training := training_record(Path(config.model.name_or_path) if config.ckpt else None)),
             "setting": setting_key(config, training),  # shared by the runs of a seed sweep
             "training_step": training_step(config.model.name_or_path if config.ckpt else None),
             # what was read: a local file (path, sha256) or the hub (id, revision, the commit it resolved to)
-            "benchmark": bench.name, "data": data_record(bench.data or config.data), "tool_protocol": config.protocol.name.value,
-            "n_samples": bench.n_samples, "temperature": bench.temperature, "top_p": bench.top_p,
-            "max_response_tokens": bench.max_response_tokens, "seed": config.seed, "engine": config.rollout.engine.value,
+            "benchmark": bench.name,
+            "data": data_record(bench.data or config.data),
+            "tool_protocol": config.protocol.name.value,
+            "n_samples": bench.n_samples,
+            "temperature": bench.temperature,
+            "top_p": bench.top_p,
+            "max_response_tokens": bench.max_response_tokens,
+            "seed": config.seed,
+            "engine": config.rollout.engine.value,
             "versions": package_versions(),
         },
         "problems": table,
-    }  # fmt: skip
+    }
     write_json(out_dir / "results.json", results)
     _print_summary(bench.name, metrics, out_dir)
 

@@ -33,39 +33,34 @@ log = logging.getLogger(__name__)
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.filter
     if config.ckpt:
-        config = replace(
-            config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt)))
-        )
-    problems = (
-        load_examples(cfg.input, "filter.input")
-        if cfg.input
-        else prepare_dataset(config.data, config.seed)[0]
-    )
+        config = replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
+    problems = load_examples(cfg.input, "filter.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]
     key = config_key(config)
     out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl")
     write_key(out_dir, key)
-    log.info("pass rates of %d problems (shard %d/%d) x %d samples with %s", len(shard), config.shard.index,
-             config.shard.count, cfg.n_samples, config.model.name_or_path)  # fmt: skip
+    log.info(
+        "pass rates of %d problems (shard %d/%d) x %d samples with %s",
+        len(shard),
+        config.shard.index,
+        config.shard.count,
+        cfg.n_samples,
+        config.model.name_or_path,
+    )
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = (
-        None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()
-    )  # vLLM loads its own
+    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
     engine, protocol = build_engine(config, model, tokenizer), build_protocol(config.protocol, tokenizer)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
     with contextlib.ExitStack() as stack:
         sandbox = (
-            stack.enter_context(Sandbox(config.sandbox))
-            if config.protocol.name is not ProtocolName.none
-            else None
+            stack.enter_context(Sandbox(config.sandbox)) if config.protocol.name is not ProtocolName.none else None
         )
         verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
-        rows = sample_problems(shard, config, out_dir, engine, protocol, sandbox, verifier, rollout, 1,
-                               per_problem_seeds=True)  # fmt: skip
-    positions = list(
-        range(config.shard.index, len(problems), config.shard.count)
-    )  # places in the whole input
+        rows = sample_problems(
+            shard, config, out_dir, engine, protocol, sandbox, verifier, rollout, 1, per_problem_seeds=True
+        )
+    positions = list(range(config.shard.index, len(problems), config.shard.count))  # places in the whole input
     write_jsonl(out_dir / "problems.jsonl", [p.to_dict() for p in shard])
     write_outputs(out_dir, shard, pass_rates(rows, shard, cfg.n_samples, positions), cfg.low, cfg.high)
 
@@ -78,14 +73,20 @@ def pass_rates(rows: list[dict], problems: list[MathExample], n: int, positions:
     for p, position in zip(problems, positions, strict=True):
         samples = by_problem[p.id][:n]
         correct = sum(bool(r["correct"]) for r in samples)
-        out.append({"problem_id": p.id, "position": position, "n": len(samples), "correct": correct, "pass_rate": correct / len(samples),
-                    "mean_code_calls": sum(r["code_calls"] for r in samples) / len(samples)})  # fmt: skip
+        out.append(
+            {
+                "problem_id": p.id,
+                "position": position,
+                "n": len(samples),
+                "correct": correct,
+                "pass_rate": correct / len(samples),
+                "mean_code_calls": sum(r["code_calls"] for r in samples) / len(samples),
+            }
+        )
     return out
 
 
-def write_outputs(
-    out_dir: Path, problems: list[MathExample], rates: list[dict], low: float, high: float
-) -> None:
+def write_outputs(out_dir: Path, problems: list[MathExample], rates: list[dict], low: float, high: float) -> None:
     rate_of = {r["problem_id"]: r["pass_rate"] for r in rates}
     kept = [p.to_dict() for p in problems if low < rate_of[p.id] < high]
     write_jsonl(out_dir / "filtered.jsonl", kept)
@@ -93,8 +94,10 @@ def write_outputs(
     _histogram([r["pass_rate"] for r in rates], low, high, out_dir / "pass_rates.png")
     never = sum(r == 0 for r in rate_of.values())
     always = sum(r == 1 for r in rate_of.values())
-    Console().print(f"[bold]filter-pass-rate[/bold]: {len(problems)} problems, kept {len(kept)} with {low} < pass rate "
-                    f"< {high}; never solved {never}, always solved {always} -> {out_dir / 'filtered.jsonl'}")  # fmt: skip
+    Console().print(
+        f"[bold]filter-pass-rate[/bold]: {len(problems)} problems, kept {len(kept)} with {low} < pass rate "
+        f"< {high}; never solved {never}, always solved {always} -> {out_dir / 'filtered.jsonl'}"
+    )
 
 
 def _histogram(values: list[float], low: float, high: float, path: Path) -> None:

@@ -46,9 +46,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             "dropped": dict(stats.dropped),
             "repaired": dict(stats.repaired),
         },
-        "files": {
-            name: {"rows": len(ex), "sha256": sha256_file(run_dir / name)} for name, ex in outputs.items()
-        },
+        "files": {name: {"rows": len(ex), "sha256": sha256_file(run_dir / name)} for name, ex in outputs.items()},
         "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
         "seconds": round(time.perf_counter() - started, 3),
     }

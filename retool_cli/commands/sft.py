@@ -50,8 +50,14 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         raise DataError(f"sft.traces_file={cfg.traces_file}: no traces to train on")
     model = load_policy(config.model, gradient_checkpointing=config.trainer.gradient_checkpointing)
     device = next(model.parameters()).device
-    log.info("sft: %d traces, %d steps of %d, model %s -> %s", len(traces), cfg.steps, cfg.batch_size,
-             config.model.name_or_path, run_dir)  # fmt: skip
+    log.info(
+        "sft: %d traces, %d steps of %d, model %s -> %s",
+        len(traces),
+        cfg.steps,
+        cfg.batch_size,
+        config.model.name_or_path,
+        run_dir,
+    )
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.schedule)
     metrics = MetricsLog(run_dir)
@@ -63,10 +69,16 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         loss_sum = 0.0
         for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
             chosen = [batch[i] for i in group]
-            logp, _, _ = sequence_logprobs(model, [t.input_ids for t in chosen], tokenizer.pad_token_id, device,
-                                        bf16_autocast=config.trainer.bf16_autocast)  # fmt: skip
-            mask = response_mask_matrix([len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen],
-                                        logp.shape[1], device)  # fmt: skip
+            logp, _, _ = sequence_logprobs(
+                model,
+                [t.input_ids for t in chosen],
+                tokenizer.pad_token_id,
+                device,
+                bf16_autocast=config.trainer.bf16_autocast,
+            )
+            mask = response_mask_matrix(
+                [len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen], logp.shape[1], device
+            )
             loss = -(logp * mask).sum() / tokens  # the mean over the whole batch's model tokens
             loss.backward()
             loss_sum += loss.item()
@@ -76,8 +88,15 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         optimizer.zero_grad(set_to_none=True)
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - started
-            metrics.write({"step": step, "loss": loss_sum, "grad_norm": float(grad_norm),
-                           "lr": scheduler.get_last_lr()[0], "seconds": elapsed})  # fmt: skip
+            metrics.write(
+                {
+                    "step": step,
+                    "loss": loss_sum,
+                    "grad_norm": float(grad_norm),
+                    "lr": scheduler.get_last_lr()[0],
+                    "seconds": elapsed,
+                }
+            )
             log.info(
                 "step %d/%d loss %.4f lr %.2e (%.0f s)",
                 step,
@@ -86,8 +105,6 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 scheduler.get_last_lr()[0],
                 elapsed,
             )
-    path = save_checkpoint(
-        run_dir, cfg.steps, model, tokenizer, optimizer, scheduler, {"cursor": 0}, keep_last=1
-    )
+    path = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, scheduler, {"cursor": 0}, keep_last=1)
     plot_metrics(metrics.rows(), ["loss", "grad_norm", "lr"], run_dir / "sft.png")
     log.info("wrote %s", path)

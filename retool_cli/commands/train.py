@@ -55,31 +55,42 @@ log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
 
 
-def periodic_eval(
-    config: RetoolConfig, problems: list, folder: Path, engine, protocol, sandbox, verifier
-) -> dict:
+def periodic_eval(config: RetoolConfig, problems: list, folder: Path, engine, protocol, sandbox, verifier) -> dict:
     """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = sample_problems(problems, config, folder, engine, protocol, sandbox, verifier, eval_rollout(config),
-                           config.eval.questions_per_batch)  # fmt: skip
-    metrics, _ = summarize(
-        rows, problems, config.benchmark.n_samples, verifier, config.eval.bootstrap, config.seed
+    rows = sample_problems(
+        problems,
+        config,
+        folder,
+        engine,
+        protocol,
+        sandbox,
+        verifier,
+        eval_rollout(config),
+        config.eval.questions_per_batch,
     )
+    metrics, _ = summarize(rows, problems, config.benchmark.n_samples, verifier, config.eval.bootstrap, config.seed)
     n = config.benchmark.n_samples
-    return {"eval/accuracy": metrics[f"avg@{n}"], "eval/se_problems": metrics["se_problems"],
-            "eval/solved_with_code": metrics["solved_with_code"], "eval/code_calls": metrics["code_calls"]}  # fmt: skip
+    return {
+        "eval/accuracy": metrics[f"avg@{n}"],
+        "eval/se_problems": metrics["se_problems"],
+        "eval/solved_with_code": metrics["solved_with_code"],
+        "eval/code_calls": metrics["code_calls"],
+    }
 
 
 def drop_overlong_prompts(examples: list, protocol: Any, max_tokens: int) -> list:
     """Training questions whose prompt fits rollout.max_prompt_tokens (verl's filter_overlong_prompts), counted."""
     overlong = {ex.id for ex in overlong_prompts(protocol, examples, max_tokens)}
     if overlong:
-        log.warning("dropped %d of %d training questions whose prompt is longer than rollout.max_prompt_tokens=%d",
-                    len(overlong), len(examples), max_tokens)  # fmt: skip
+        log.warning(
+            "dropped %d of %d training questions whose prompt is longer than rollout.max_prompt_tokens=%d",
+            len(overlong),
+            len(examples),
+            max_tokens,
+        )
         if len(overlong) == len(examples):
-            raise DataError(
-                f"every training question's prompt is longer than rollout.max_prompt_tokens={max_tokens}"
-            )
+            raise DataError(f"every training question's prompt is longer than rollout.max_prompt_tokens={max_tokens}")
     return [ex for ex in examples if ex.id not in overlong]
 
 
@@ -99,8 +110,10 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     adapter = checkpoint / "adapter" if checkpoint and lora else None
     model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
     if sharded and config.rollout.engine is Engine.hf and not supports(model):
-        raise ConfigError(f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
-                          f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm")  # fmt: skip
+        raise ConfigError(
+            f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
+            f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm"
+        )
     return model, source
 
 
@@ -111,13 +124,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     if t.nproc > 1 and size == 1:
         return launch_processes(t.nproc, run_dir)
     if size > 1:  # every process its own sandbox uids and device
-        config = replace(
-            config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank)
-        )
+        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
         if torch.cuda.is_available():
-            config = replace(
-                config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}")
-            )
+            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
     config = training_precision(config)
     # the data first: a bad or empty file fails here, before a model is loaded or a run folder tagged
     train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
@@ -137,9 +146,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         shard(model)  # after the reference copy: that one stays whole on each process
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
-    metrics = MetricsLog(
-        out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source}
-    )
+    metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source})
     start, cursor = 0, 0
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
@@ -147,8 +154,15 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         if rank == 0:
             metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
-    log.info("train: %d questions, %d steps of %d x %d, from %s -> %s", len(examples), t.total_steps,
-             t.questions_per_step, config.rollout.group_size, source, out_dir)  # fmt: skip
+    log.info(
+        "train: %d questions, %d steps of %d x %d, from %s -> %s",
+        len(examples),
+        t.total_steps,
+        t.questions_per_step,
+        config.rollout.group_size,
+        source,
+        out_dir,
+    )
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
     engine = build_engine(config, model, tokenizer, weights=source)
@@ -174,17 +188,30 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
                     if rank == 0:
-                        row.update(periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}",
-                                                 engine, protocol, sandbox, verifier))  # fmt: skip
+                        row.update(
+                            periodic_eval(
+                                config,
+                                dev_split[: t.eval_problems],
+                                out_dir / "evals" / f"step_{step}",
+                                engine,
+                                protocol,
+                                sandbox,
+                                verifier,
+                            )
+                        )
             if rank == 0:
                 metrics.write(row)
-            progress.update(task, completed=step, description=f"train acc {row['train/accuracy']:.2f} "
-                            f"code {row['train/used_code']:.2f}")  # fmt: skip
+            progress.update(
+                task,
+                completed=step,
+                description=f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}",
+            )
             if step % t.save_every == 0 or step == t.total_steps:
                 full = full_state(model, optimizer)  # FSDP2: gathered on rank 0, by every process
                 if rank == 0:
-                    save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor},
-                                    t.keep_last, full)  # fmt: skip
+                    save_checkpoint(
+                        out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor}, t.keep_last, full
+                    )
             barrier()  # no process runs ahead of a checkpoint being written
             die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
     if rank > 0:

@@ -21,10 +21,14 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
         r = cfg.rollout
         path = model_path(replace(cfg.model, name_or_path=weights or cfg.model.name_or_path))
         return VLLMEngine(
-            path, dtype=vllm_dtype(cfg), seed=cfg.seed, max_model_len=cfg.context_tokens(),
-            gpu_memory_utilization=r.vllm_gpu_memory_utilization, sleep_mode=r.vllm_enable_sleep_mode,
+            path,
+            dtype=vllm_dtype(cfg),
+            seed=cfg.seed,
+            max_model_len=cfg.context_tokens(),
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            sleep_mode=r.vllm_enable_sleep_mode,
             kv_cache_gib=r.vllm_kv_cache_gib,
-        )  # fmt: skip
+        )
     from retool_cli.modeling import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine
 

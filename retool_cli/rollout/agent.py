@@ -28,8 +28,9 @@ STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_too
 
 
 class Engine(Protocol):
-    def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
-                 sampling: Sampling) -> list[Generation]: ...  # fmt: skip
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+    ) -> list[Generation]: ...
 
 
 @dataclass
@@ -42,13 +43,9 @@ class Trajectory:
     response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
     turns: int = 0  # generation segments
     code_calls: list[str] = field(default_factory=list)  # code sent to the sandbox
-    tool_results: list[dict] = field(
-        default_factory=list
-    )  # status, reason, duration_s, text shown to the model
+    tool_results: list[dict] = field(default_factory=list)  # status, reason, duration_s, text shown to the model
     invalid_calls: int = 0
-    segments: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # ("model" | "tool", decoded text), in order
+    segments: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "tool", decoded text), in order
     stop_reason: str = ""  # one of STOP_REASONS once finished
     truncated: bool = False  # stopped by a length limit in the middle of a turn or a tool result
 
@@ -74,16 +71,22 @@ class _ToolJob:
 
 
 def run_rollouts(
-    examples: list[MathExample], engine: Engine, protocol: Any, sandbox: Any, cfg: RolloutConfig, *,
-    seed: int, max_context_tokens: int, group_size: int | None = None, sampling: Sampling | None = None,
-) -> tuple[list[Trajectory], dict[str, float]]:  # fmt: skip
+    examples: list[MathExample],
+    engine: Engine,
+    protocol: Any,
+    sandbox: Any,
+    cfg: RolloutConfig,
+    *,
+    seed: int,
+    max_context_tokens: int,
+    group_size: int | None = None,
+    sampling: Sampling | None = None,
+) -> tuple[list[Trajectory], dict[str, float]]:
     """Sample `group_size` trajectories per example (grouped: example 0's samples first). Returns the
     trajectories and the batch's rollout metrics."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
-    trajectories = [
-        Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)
-    ]
+    trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
     for t in trajectories:
         if len(t.prompt_ids) >= max_context_tokens:
             t.stop_reason, t.truncated = "context_overflow", True
@@ -91,9 +94,7 @@ def run_rollouts(
     if sandbox is not None:
         sandbox.reset_stats()
     cohorts = (
-        [trajectories[0::2], trajectories[1::2]]
-        if cfg.overlap_sandbox and sandbox is not None
-        else [trajectories]
+        [trajectories[0::2], trajectories[1::2]] if cfg.overlap_sandbox and sandbox is not None else [trajectories]
     )
     with ThreadPoolExecutor(1, thread_name_prefix="tools") as tools:
         pending: list[Future | None] = [None] * len(cohorts)
@@ -123,9 +124,7 @@ def run_rollouts(
 class _Loop:
     """The per-batch state of the loop: budgets, the engine and sandbox calls, timing."""
 
-    def __init__(
-        self, engine, protocol, sandbox, cfg: RolloutConfig, sampling: Sampling, max_context: int
-    ) -> None:
+    def __init__(self, engine, protocol, sandbox, cfg: RolloutConfig, sampling: Sampling, max_context: int) -> None:
         self.engine, self.protocol, self.sandbox, self.cfg = engine, protocol, sandbox, cfg
         self.sampling, self.max_context = sampling, max_context
         self.tokenizer = protocol.tokenizer
@@ -135,10 +134,16 @@ class _Loop:
     def generate_round(self, running: list[Trajectory], seed_offset: int) -> list[_ToolJob]:
         cfg = self.cfg
         per_turn = cfg.max_tokens_per_turn or cfg.max_response_tokens  # None: the rest of the response budget
-        budgets = [min(per_turn, cfg.max_response_tokens - len(t.response_ids),
-                       self.max_context - len(t.token_ids)) for t in running]  # fmt: skip
-        sampling = Sampling(self.sampling.temperature, self.sampling.top_p, self.sampling.top_k,
-                            self.sampling.seed * 1_000_003 + seed_offset)  # fmt: skip
+        budgets = [
+            min(per_turn, cfg.max_response_tokens - len(t.response_ids), self.max_context - len(t.token_ids))
+            for t in running
+        ]
+        sampling = Sampling(
+            self.sampling.temperature,
+            self.sampling.top_p,
+            self.sampling.top_k,
+            self.sampling.seed * 1_000_003 + seed_offset,
+        )
         started = time.perf_counter()
         generations = self.engine.generate(
             [t.token_ids for t in running], budgets, self.protocol.stop_strings, sampling
@@ -187,9 +192,7 @@ class _Loop:
                 out.append((job, None, job.error))
             else:
                 result = next(results)
-                out.append(
-                    (job, result, format_result(result, self.tokenizer, self.cfg.max_tool_result_tokens))
-                )
+                out.append((job, result, format_result(result, self.tokenizer, self.cfg.max_tool_result_tokens)))
         self._check_sandbox_health()
         return out
 
@@ -197,8 +200,8 @@ class _Loop:
         stats = self.sandbox.stats()
         if stats["calls"] >= 8 and stats["infra_error_rate"] > self.cfg.max_sandbox_infra_error_rate:
             raise SandboxError(
-                f"{stats['infra_errors']:.0f} of {stats['calls']:.0f} sandbox calls in this batch failed in the sandbox "
-                f"itself (above rollout.max_sandbox_infra_error_rate={self.cfg.max_sandbox_infra_error_rate}); "
+                f"{stats['infra_errors']:.0f} of {stats['calls']:.0f} sandbox calls in this batch failed in the "
+                f"sandbox itself (above rollout.max_sandbox_infra_error_rate={self.cfg.max_sandbox_infra_error_rate}); "
                 "stopping instead of training without a working interpreter"
             )
 
@@ -208,8 +211,9 @@ class _Loop:
             ids = self.protocol.result_ids(text)
             if job.code is not None:
                 t.code_calls.append(job.code)
-                t.tool_results.append({"status": result.status, "reason": result.reason,
-                                       "duration_s": result.duration_s, "text": text})  # fmt: skip
+                t.tool_results.append(
+                    {"status": result.status, "reason": result.reason, "duration_s": result.duration_s, "text": text}
+                )
             if len(t.response_ids) + len(ids) >= self.cfg.max_response_tokens:
                 t.stop_reason, t.truncated = "length", True
             elif len(t.token_ids) + len(ids) >= self.max_context:

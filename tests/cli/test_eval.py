@@ -7,8 +7,14 @@ from pathlib import Path
 
 from tests.helpers import die_after, read_jsonl, run_retool, write_jsonl
 
-SMALL = ["recipe=dapo_smoke", "benchmark.max_problems=6", "benchmark.n_samples=4", "eval.questions_per_batch=1",
-         "benchmark.max_response_tokens=96", "eval.bootstrap=200"]  # fmt: skip
+SMALL = [
+    "recipe=dapo_smoke",
+    "benchmark.max_problems=6",
+    "benchmark.n_samples=4",
+    "eval.questions_per_batch=1",
+    "benchmark.max_response_tokens=96",
+    "eval.bootstrap=200",
+]
 
 
 def results_of(folder: Path) -> dict:
@@ -62,20 +68,44 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
 
 def test_malformed_benchmark_file_names_file_and_line(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bench.jsonl", [{"problem": "What is 1+1?", "answer": "2"}, "{broken"])
-    proc = run_retool("eval", "benchmark=file", f"benchmark.data.path={path}", "model.name_or_path=tiny",
-                      "hydra.run.dir=run", cwd=tmp_path)  # fmt: skip
+    proc = run_retool(
+        "eval",
+        "benchmark=file",
+        f"benchmark.data.path={path}",
+        "model.name_or_path=tiny",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     assert f"{path}:2: malformed JSON" in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "results.json").exists()
 
 
 def test_aime24_from_a_local_file_in_the_hub_layout(tmp_path: Path) -> None:
-    rows = [{"id": 60 + i, "problem": f"What is {i} * 7?", "solution": "...", "answer": f"{7 * i:03d}", "url": "u",
-             "year": "2024"} for i in range(3)]  # fmt: skip
+    rows = [
+        {
+            "id": 60 + i,
+            "problem": f"What is {i} * 7?",
+            "solution": "...",
+            "answer": f"{7 * i:03d}",
+            "url": "u",
+            "year": "2024",
+        }
+        for i in range(3)
+    ]
     path = write_jsonl(tmp_path / "aime_2024.jsonl", rows)
-    run_retool("eval", "benchmark=aime24", f"benchmark.data.path={path}", "benchmark.n_samples=2",
-               "benchmark.max_response_tokens=48", "model.name_or_path=tiny", "eval.bootstrap=200",
-               "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    run_retool(
+        "eval",
+        "benchmark=aime24",
+        f"benchmark.data.path={path}",
+        "benchmark.n_samples=2",
+        "benchmark.max_response_tokens=48",
+        "model.name_or_path=tiny",
+        "eval.bootstrap=200",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+        check=True,
+    )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [p["problem_id"] for p in results["problems"]] == ["60", "61", "62"]
     assert [p["reference"] for p in results["problems"]] == ["000", "007", "014"]
@@ -98,13 +128,39 @@ def test_multirun_and_report(tmp_path: Path) -> None:
 
 def test_the_documented_seed_sweep_ends_with_a_result_over_seeds(tmp_path: Path) -> None:
     """README's one-liner, shrunk: train seeds 1,2 -> evaluate each seed's checkpoint -> one result over seeds."""
-    small_train = ["trainer.total_steps=2", "trainer.save_every=2", "trainer.questions_per_step=2", "rollout.group_size=2",
-                   "rollout.max_response_tokens=48", "data.synthetic.num_examples=60", "data.dev_size=4"]  # fmt: skip
-    run_retool("train", "-m", "recipe=dapo_smoke", "seed=1,2", *small_train, "hydra.sweep.dir=sweep/train",
-               "hydra.sweep.subdir=seed_${seed}", cwd=tmp_path, check=True)  # fmt: skip
-    run_retool("eval", "-m", *SMALL, "seed=1,2", "ckpt=sweep/train/seed_${seed}", "data.synthetic.num_examples=60",
-               "data.dev_size=4", "hydra.sweep.dir=sweep/eval", "hydra.sweep.subdir=seed_${seed}", cwd=tmp_path,
-               check=True)  # fmt: skip
+    small_train = [
+        "trainer.total_steps=2",
+        "trainer.save_every=2",
+        "trainer.questions_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_response_tokens=48",
+        "data.synthetic.num_examples=60",
+        "data.dev_size=4",
+    ]
+    run_retool(
+        "train",
+        "-m",
+        "recipe=dapo_smoke",
+        "seed=1,2",
+        *small_train,
+        "hydra.sweep.dir=sweep/train",
+        "hydra.sweep.subdir=seed_${seed}",
+        cwd=tmp_path,
+        check=True,
+    )
+    run_retool(
+        "eval",
+        "-m",
+        *SMALL,
+        "seed=1,2",
+        "ckpt=sweep/train/seed_${seed}",
+        "data.synthetic.num_examples=60",
+        "data.dev_size=4",
+        "hydra.sweep.dir=sweep/eval",
+        "hydra.sweep.subdir=seed_${seed}",
+        cwd=tmp_path,
+        check=True,
+    )
     run_retool("eval-report", "sweep/eval", cwd=tmp_path, check=True)
     report = json.loads((tmp_path / "sweep" / "eval" / "report.json").read_text())
     [result] = report["results"]

@@ -6,8 +6,14 @@ from pathlib import Path
 
 from tests.helpers import die_after, read_jsonl, run_retool
 
-ARGS = ["recipe=dapo_smoke", "data.synthetic.num_examples=24", "data.dev_size=4", "filter.n_samples=3",
-        "rollout.max_response_tokens=48", "rollout.max_tokens_per_turn=48"]  # fmt: skip
+ARGS = [
+    "recipe=dapo_smoke",
+    "data.synthetic.num_examples=24",
+    "data.dev_size=4",
+    "filter.n_samples=3",
+    "rollout.max_response_tokens=48",
+    "rollout.max_tokens_per_turn=48",
+]
 
 
 def test_filter_resume_and_shards(tmp_path: Path) -> None:
@@ -23,9 +29,7 @@ def test_filter_resume_and_shards(tmp_path: Path) -> None:
     # killed and run again: continues, ends with the same pass rates
     broken = tmp_path / "broken"
     broken.mkdir()
-    die_after(
-        ["filter-pass-rate", *ARGS], cwd=broken, when="chunk:5"
-    )  # after 5 of 20 problems (one per chunk)
+    die_after(["filter-pass-rate", *ARGS], cwd=broken, when="chunk:5")  # after 5 of 20 problems (one per chunk)
     assert len(next(broken.rglob("samples.jsonl")).read_text().splitlines()) == 15
     assert not list(broken.rglob("pass_rates.jsonl"))
     again = run_retool("filter-pass-rate", *ARGS, cwd=broken, check=True)
@@ -38,7 +42,17 @@ def test_filter_resume_and_shards(tmp_path: Path) -> None:
     sharded.mkdir()
     run_retool("filter-pass-rate", *ARGS, "shard.count=2", "-m", "shard.index=0,1", cwd=sharded, check=True)
     sweep = next((sharded / "outputs" / "filter-pass-rate" / "multirun").glob("*/*"))
-    run_retool("filter-merge", str(sweep), "--out", str(sharded / "merged"), "--low", "0", "--high", "1",
-               cwd=sharded, check=True)  # fmt: skip
+    run_retool(
+        "filter-merge",
+        str(sweep),
+        "--out",
+        str(sharded / "merged"),
+        "--low",
+        "0",
+        "--high",
+        "1",
+        cwd=sharded,
+        check=True,
+    )
     assert read_jsonl(sharded / "merged" / "pass_rates.jsonl") == rates
     assert read_jsonl(sharded / "merged" / "filtered.jsonl") == read_jsonl(whole / "run" / "filtered.jsonl")

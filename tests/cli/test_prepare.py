@@ -70,8 +70,16 @@ def test_multirun_makes_one_folder_per_job(tmp_path: Path) -> None:
 
 
 def test_joblib_launcher(tmp_path: Path) -> None:
-    run_retool("prepare", "hydra/launcher=joblib", "-m", "seed=1,2", "data.synthetic.num_examples=40", "data.dev_size=4",
-               cwd=tmp_path, check=True)  # fmt: skip
+    run_retool(
+        "prepare",
+        "hydra/launcher=joblib",
+        "-m",
+        "seed=1,2",
+        "data.synthetic.num_examples=40",
+        "data.dev_size=4",
+        cwd=tmp_path,
+        check=True,
+    )
     assert len(list((tmp_path / "outputs" / "prepare" / "multirun").rglob("manifest.json"))) == 2
 
 
@@ -147,45 +155,78 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[2]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(repo), "-w", str(tmp_path / "whl")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(repo),
+            "-w",
+            str(tmp_path / "whl"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next((tmp_path / "whl").glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", "import retool_cli, sys; print(retool_cli.__file__); sys.argv[0] = 'retool'; "
-         "from retool_cli.cli import main; main()", "prepare", "recipe=dapo_smoke", "hydra.run.dir=run"],
-        cwd=work, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import retool_cli, sys; print(retool_cli.__file__); sys.argv[0] = 'retool'; "
+            "from retool_cli.cli import main; main()",
+            "prepare",
+            "recipe=dapo_smoke",
+            "hydra.run.dir=run",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith(str(tmp_path / "site"))  # the installed copy, not the checkout
     assert len(read_jsonl(work / "run" / "train.jsonl")) == 1800
     (work / "mine" / "recipe").mkdir(parents=True)
-    (work / "mine" / "recipe" / "tiny_run.yaml").write_text("# @package _global_\ndefaults:\n  - dapo_smoke\n"
-                                                             "data:\n  dev_size: 7\n")  # fmt: skip
+    (work / "mine" / "recipe" / "tiny_run.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - dapo_smoke\ndata:\n  dev_size: 7\n"
+    )
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.argv[0] = 'retool'; from retool_cli.cli import main; main()",
-         "prepare", "--config-dir", "mine", "recipe=tiny_run", "hydra.run.dir=run2"],
-        cwd=work, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.argv[0] = 'retool'; from retool_cli.cli import main; main()",
+            "prepare",
+            "--config-dir",
+            "mine",
+            "recipe=tiny_run",
+            "hydra.run.dir=run2",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(read_jsonl(work / "run2" / "dev.jsonl")) == 7  # the user's recipe, on top of the shipped one
 
 
 def test_copy_recipe_out_edit_it_and_use_it(tmp_path: Path) -> None:
-    out = run_retool(
-        "copy-recipe", "dapo_smoke", "--to", "my_conf", "--as", "quick", cwd=tmp_path, check=True
-    )
+    out = run_retool("copy-recipe", "dapo_smoke", "--to", "my_conf", "--as", "quick", cwd=tmp_path, check=True)
     copied = tmp_path / "my_conf" / "recipe" / "quick.yaml"
     assert "recipe=quick" in out.stdout and copied.read_text().startswith("# @package _global_")
     copied.write_text(copied.read_text().replace("total_steps: 60", "total_steps: 3"))
-    job = run_retool(
-        "train", "--config-dir", "my_conf", "recipe=quick", "--cfg", "job", cwd=tmp_path, check=True
-    )
+    job = run_retool("train", "--config-dir", "my_conf", "recipe=quick", "--cfg", "job", cwd=tmp_path, check=True)
     assert "total_steps: 3" in job.stdout
     again = run_retool("copy-recipe", "dapo_smoke", "--to", "my_conf", "--as", "quick", cwd=tmp_path)
     assert again.returncode == 1 and "exists" in again.stderr  # never overwrites an edited copy

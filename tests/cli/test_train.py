@@ -13,8 +13,15 @@ from tests.helpers import die_after, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
-TRAIN = [*TINY, "trainer.total_steps=4", "trainer.save_every=1", "trainer.questions_per_step=2",
-         "rollout.group_size=4", "rollout.max_response_tokens=64", "rollout.max_tokens_per_turn=48"]  # fmt: skip
+TRAIN = [
+    *TINY,
+    "trainer.total_steps=4",
+    "trainer.save_every=1",
+    "trainer.questions_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_response_tokens=64",
+    "rollout.max_tokens_per_turn=48",
+]
 TIMING = (
     "time/",
     "rollout/generate_s",
@@ -59,9 +66,7 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     run_retool(*args, cwd=whole, check=True)
     reference = metrics_of(whole)
     assert [r["step"] for r in reference] == [1, 2, 3, 4]
-    assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(
-        reference[0]
-    )
+    assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(reference[0])
     die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
     assert comparable(metrics_of(broken)) == comparable(reference)
@@ -71,9 +76,20 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
 
 
 def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
-    run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.eval_every=2", "trainer.eval_problems=3",
-               "benchmark.n_samples=2", "benchmark.max_response_tokens=48", "eval.bootstrap=200",
-               f"trainer.init_from={sft_run}", "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    run_retool(
+        "train",
+        *TRAIN,
+        "trainer.total_steps=2",
+        "trainer.eval_every=2",
+        "trainer.eval_problems=3",
+        "benchmark.n_samples=2",
+        "benchmark.max_response_tokens=48",
+        "eval.bootstrap=200",
+        f"trainer.init_from={sft_run}",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+        check=True,
+    )
     rows = metrics_of(tmp_path / "run")
     assert "eval/accuracy" not in rows[0] and 0.0 <= rows[1]["eval/accuracy"] <= 1.0
     assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
@@ -82,9 +98,20 @@ def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
 def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
     """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it (metrics,
     checkpoints, the periodic eval)."""
-    run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.nproc=2", f"trainer.init_from={sft_run}",
-               "trainer.eval_every=2", "trainer.eval_problems=3", "benchmark.n_samples=2",
-               "benchmark.max_response_tokens=48", "hydra.run.dir=run", cwd=tmp_path, check=True)  # fmt: skip
+    run_retool(
+        "train",
+        *TRAIN,
+        "trainer.total_steps=2",
+        "trainer.nproc=2",
+        f"trainer.init_from={sft_run}",
+        "trainer.eval_every=2",
+        "trainer.eval_problems=3",
+        "benchmark.n_samples=2",
+        "benchmark.max_response_tokens=48",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+        check=True,
+    )
     rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
     assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0  # the periodic eval runs on rank 0 only: 3 x 2 samples
@@ -96,9 +123,20 @@ def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
 def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path: Path) -> None:
     """model.lora_rank with bf16 autocast and bf16 sampling: checkpoints hold merged weights and the adapter;
     a run resumed from step 2 (adapter + optimizer state) writes the same later metrics as the whole run."""
-    args = ["train", *TRAIN, "trainer.total_steps=4", "trainer.keep_last=3", "model.lora_rank=4", "trainer.bf16_autocast=true",
-            "rollout.dtype=bfloat16", "trainer.lr=1e-3", f"trainer.init_from={sft_run}", "hydra.run.dir=run",
-            "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48"]  # lengths vary the reward  # fmt: skip
+    args = [
+        "train",
+        *TRAIN,
+        "trainer.total_steps=4",
+        "trainer.keep_last=3",
+        "model.lora_rank=4",
+        "trainer.bf16_autocast=true",
+        "rollout.dtype=bfloat16",
+        "trainer.lr=1e-3",
+        f"trainer.init_from={sft_run}",
+        "hydra.run.dir=run",
+        "trainer.mask_truncated=false",
+        "reward.overlong_buffer_tokens=48",
+    ]  # lengths vary the reward
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
@@ -115,9 +153,18 @@ def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path
 def test_fsdp2_two_processes_checkpoint_and_resume(sft_run: Path, tmp_path: Path) -> None:
     """trainer.fsdp=true with 2 processes: rollouts on all-gathered weights, checkpoints gathered to rank 0
     (plain HF weights), and a resume from step 2 (optimizer state re-sharded) repeats steps 3 and 4 exactly."""
-    args = ["train", *TRAIN, "trainer.total_steps=4", "trainer.keep_last=3", "trainer.nproc=2", "trainer.fsdp=true",
-            f"trainer.init_from={sft_run}", "hydra.run.dir=run", "trainer.mask_truncated=false",
-            "reward.overlong_buffer_tokens=48"]  # fmt: skip
+    args = [
+        "train",
+        *TRAIN,
+        "trainer.total_steps=4",
+        "trainer.keep_last=3",
+        "trainer.nproc=2",
+        "trainer.fsdp=true",
+        f"trainer.init_from={sft_run}",
+        "hydra.run.dir=run",
+        "trainer.mask_truncated=false",
+        "reward.overlong_buffer_tokens=48",
+    ]
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
@@ -135,10 +182,20 @@ def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path,
     included, as FSDP2 without checkpointing, on 2 CPU processes."""
     runs = {}
     for checkpointing in ("true", "false"):
-        run_retool("train", *TRAIN, "trainer.total_steps=2", "trainer.nproc=2", "trainer.fsdp=true",
-                   f"trainer.gradient_checkpointing={checkpointing}", f"trainer.init_from={sft_run}",
-                   "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48",
-                   f"hydra.run.dir=run_{checkpointing}", cwd=tmp_path, check=True)  # fmt: skip
+        run_retool(
+            "train",
+            *TRAIN,
+            "trainer.total_steps=2",
+            "trainer.nproc=2",
+            "trainer.fsdp=true",
+            f"trainer.gradient_checkpointing={checkpointing}",
+            f"trainer.init_from={sft_run}",
+            "trainer.mask_truncated=false",
+            "reward.overlong_buffer_tokens=48",
+            f"hydra.run.dir=run_{checkpointing}",
+            cwd=tmp_path,
+            check=True,
+        )
         runs[checkpointing] = comparable(metrics_of(tmp_path / f"run_{checkpointing}"))
     assert any(row["train/grad_norm"] > 0 for row in runs["true"])
     assert runs["true"] == runs["false"]

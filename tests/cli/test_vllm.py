@@ -12,9 +12,16 @@ from tests.cli.test_train import SFT, TRAIN, comparable, metrics_of
 from tests.helpers import die_after, read_jsonl, run_retool
 
 VLLM = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25"]
-GREEDY_EVAL = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20", "benchmark.max_problems=8",
-               "benchmark.n_samples=1", "benchmark.temperature=0", "benchmark.max_response_tokens=96",
-               "eval.bootstrap=100"]  # fmt: skip
+GREEDY_EVAL = [
+    "recipe=dapo_smoke",
+    "data.synthetic.num_examples=120",
+    "data.dev_size=20",
+    "benchmark.max_problems=8",
+    "benchmark.n_samples=1",
+    "benchmark.temperature=0",
+    "benchmark.max_response_tokens=96",
+    "eval.bootstrap=100",
+]
 ROLLOUT_METRICS = (
     "reward/",
     "rollout/code_calls",
@@ -36,8 +43,7 @@ def test_greedy_eval_through_vllm_equals_the_hf_engines(sft_run: Path, tmp_path:
     when decoding greedily, and the command line's `rollout=vllm` beats the recipe's `rollout.engine: hf`."""
     results = {}
     for engine, extra in (("hf", ["rollout=hf"]), ("vllm", VLLM)):
-        run_retool("eval", *GREEDY_EVAL, *extra, f"ckpt={sft_run}", f"hydra.run.dir={engine}", cwd=tmp_path,
-                   check=True)  # fmt: skip
+        run_retool("eval", *GREEDY_EVAL, *extra, f"ckpt={sft_run}", f"hydra.run.dir={engine}", cwd=tmp_path, check=True)
         results[engine] = json.loads((tmp_path / engine / "results.json").read_text())
     assert results["vllm"]["protocol"]["engine"] == "vllm" and results["hf"]["protocol"]["engine"] == "hf"
     samples = {e: read_jsonl(tmp_path / e / "samples.jsonl") for e in results}
@@ -51,8 +57,17 @@ def test_train_with_vllm_samples_from_init_from_at_step_one(sft_run: Path, tmp_p
     greedy rollouts of step 1 are the hf engine's."""
     rows = {}
     for engine, extra in (("hf", ["rollout=hf"]), ("vllm", VLLM)):
-        run_retool("train", *TRAIN, *extra, "trainer.total_steps=1", "rollout.temperature=0",
-                   f"trainer.init_from={sft_run}", f"hydra.run.dir={engine}", cwd=tmp_path, check=True)  # fmt: skip
+        run_retool(
+            "train",
+            *TRAIN,
+            *extra,
+            "trainer.total_steps=1",
+            "rollout.temperature=0",
+            f"trainer.init_from={sft_run}",
+            f"hydra.run.dir={engine}",
+            cwd=tmp_path,
+            check=True,
+        )
         [row] = metrics_of(tmp_path / engine)
         rows[engine] = {k: v for k, v in row.items() if k.startswith(ROLLOUT_METRICS)}
     assert rows["vllm"] == rows["hf"]
@@ -78,10 +93,23 @@ def test_train_with_vllm_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: 
 def test_two_processes_each_with_its_own_vllm_engine(sft_run: Path, tmp_path: Path) -> None:
     """trainer.nproc=2 with vLLM on CPU: each gloo process runs its engine in-process (external launcher), and
     rank 0's engine alone serves the periodic eval (no collective inside vLLM's generate waits for rank 1)."""
-    proc = run_retool("train", *TRAIN, *VLLM, "trainer.total_steps=2", "trainer.nproc=2", "trainer.mask_truncated=false",
-                      "reward.overlong_buffer_tokens=48", f"trainer.init_from={sft_run}", "hydra.run.dir=run",
-                      "trainer.eval_every=2", "trainer.eval_problems=3", "benchmark.n_samples=2",
-                      "benchmark.max_response_tokens=48", cwd=tmp_path, check=True)  # lengths vary the reward  # fmt: skip
+    proc = run_retool(
+        "train",
+        *TRAIN,
+        *VLLM,
+        "trainer.total_steps=2",
+        "trainer.nproc=2",
+        "trainer.mask_truncated=false",
+        "reward.overlong_buffer_tokens=48",
+        f"trainer.init_from={sft_run}",
+        "hydra.run.dir=run",
+        "trainer.eval_every=2",
+        "trainer.eval_problems=3",
+        "benchmark.n_samples=2",
+        "benchmark.max_response_tokens=48",
+        cwd=tmp_path,
+        check=True,
+    )  # lengths vary the reward
     rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/grad_norm"] > 0
     assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0

@@ -64,9 +64,7 @@ def sums_and_polynomials() -> list[dict]:
               ("x^2-7x+12", "(x+3)(x+4)", "x**2-7*x+12", "(x+3)*(x+4)"), ("6r^2-4r-24", "6r^2-4r+24", "6*r**2-4*r-24", "6*r**2-4*r+24"),
               ("1+2\\sqrt{3}", "2+\\sqrt{3}", "1+2*sqrt(3)", "2+sqrt(3)"), ("-x+5", "x-5", "-x+5", "x-5"), ("(x-2)^2", "x^2-4", "(x-2)**2", "x**2-4"),
               ("x^3-8", "(x-2)^3", "x**3-8", "(x-2)**3"), ("2a-3b", "3b-2a", "2*a-3*b", "3*b-2*a")]  # fmt: skip
-    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [
-        sym(g, p, False, sg, sp) for g, p, sg, sp in differ
-    ]
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
 
 
 def complex_numbers() -> list[dict]:
@@ -89,9 +87,7 @@ def complex_numbers() -> list[dict]:
               ("1+274i", "274+i", "1+274*I", "274+I"), ("-8i", "(1+i)^5", "-8*I", "(1+I)**5"), ("6-5i", "6+5i", "6-5*I", "6+5*I"),
               ("1-12i", "12i-1", "1-12*I", "12*I-1"), ("-1+i", "1-i", "-1+I", "1-I"), ("i", "e^{i\\pi}", "I", "exp(I*pi)"),
               ("1+\\sqrt{3}i", "2(\\cos 30^\\circ + i \\sin 30^\\circ)", "1+sqrt(3)*I", "2*(cos(pi/6)+I*sin(pi/6))")]  # fmt: skip
-    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [
-        sym(g, p, False, sg, sp) for g, p, sg, sp in differ
-    ]
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
 
 
 def lists_of_roots() -> list[dict]:
@@ -107,9 +103,7 @@ def lists_of_roots() -> list[dict]:
               ("-3, 3", "3", "{-3,3}", "{3}"), ("1, 2", "-1, -2", "{1,2}", "{-1,-2}"), ("\\pm 3", "3", "{3,-3}", "{3}"),
               ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}", "{1+sqrt(2),1-sqrt(2)}", "{1+sqrt(2)}"), ("2, 5", "2, 6", "{2,5}", "{2,6}"),
               ("-2, 1", "2, -1", "{-2,1}", "{2,-1}"), ("0, 1", "0", "{0,1}", "{0}")]  # fmt: skip
-    rows = [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [
-        sym(g, p, False, sg, sp) for g, p, sg, sp in differ
-    ]
+    rows = [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
     for gold, pred in [("\\emptyset", "\\varnothing"), ("\\emptyset", "\\{\\}"), ("\\varnothing", "\\emptyset"),
                        ("\\emptyset", "\\text{no solution}"), ("\\emptyset", "\\text{no real solutions}"), ("\\{\\}", "\\varnothing"),
                        ("\\varnothing", "\\text{empty set}"), ("\\emptyset", "\u2205")]:  # fmt: skip
@@ -173,9 +167,7 @@ def equations() -> list[dict]:
               ("y=-2x", "y=2x", "Eq(y,-2*x)", "Eq(y,2*x)"), ("x+y=5", "x-y=5", "Eq(x+y,5)", "Eq(x-y,5)"), ("k=1", "k=-1", "1", "-1"),
               ("y=x^2+1", "y=x^2-1", "Eq(y,x**2+1)", "Eq(y,x**2-1)"),
               ("2x=10", "x=10", "Eq(2*x,10)", "Eq(x,10)")]  # fmt: skip
-    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [
-        sym(g, p, False, sg, sp) for g, p, sg, sp in differ
-    ]
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
 
 
 def sets_and_intervals() -> list[dict]:
@@ -196,9 +188,7 @@ def sets_and_intervals() -> list[dict]:
               ("(2,\\infty)", "\\{x \\mid x<2\\}", "Interval.open(2,oo)", "Interval.open(-oo,2)"), ("[-2,7]", "\\{x \\mid -2 < x \\leq 7\\}", "Interval(-2,7)", "Interval.Lopen(-2,7)"),
               ("(-\\infty,-2)\\cup(2,\\infty)", "x<-2", "Union(Interval.open(-oo,-2),Interval.open(2,oo))", "Interval.open(-oo,-2)"),
               ("(0,1)", "0 \\le x \\le 1", "Interval.open(0,1)", "Interval(0,1)")]  # fmt: skip
-    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [
-        sym(g, p, False, sg, sp) for g, p, sg, sp in differ
-    ]
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
 
 
 def hedges() -> list[dict]:
@@ -316,9 +306,7 @@ def main() -> None:
     lines = []
     for category, rows in categories.items():
         for i, row in enumerate(rows):
-            lines.append(
-                json.dumps({"id": f"{category}-{i:03d}", "category": category, **row}, ensure_ascii=False)
-            )
+            lines.append(json.dumps({"id": f"{category}-{i:03d}", "category": category, **row}, ensure_ascii=False))
     (HERE / "judge_cases.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{len(lines)} pairs in {len(categories)} categories")
 

@@ -29,12 +29,11 @@ def test_grpo_advantages_by_hand() -> None:
 
 
 def test_dr_grpo_and_rloo_by_hand() -> None:
-    assert torch.allclose(group_advantages(REWARDS, GROUPS, "dr_grpo"),
-                          torch.tensor([4 / 3, -2 / 3, -2 / 3, -4 / 3, 2 / 3, 2 / 3]))  # fmt: skip
-    # rloo: r_i - mean(others): 1 - (-1) = 2, -1 - 0 = -1, ...
     assert torch.allclose(
-        group_advantages(REWARDS, GROUPS, "rloo"), torch.tensor([2.0, -1.0, -1.0, -2.0, 1.0, 1.0])
+        group_advantages(REWARDS, GROUPS, "dr_grpo"), torch.tensor([4 / 3, -2 / 3, -2 / 3, -4 / 3, 2 / 3, 2 / 3])
     )
+    # rloo: r_i - mean(others): 1 - (-1) = 2, -1 - 0 = -1, ...
+    assert torch.allclose(group_advantages(REWARDS, GROUPS, "rloo"), torch.tensor([2.0, -1.0, -1.0, -2.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         group_advantages(REWARDS, GROUPS, "ppo")
 
@@ -62,9 +61,7 @@ def test_dual_clip_bounds_negative_advantage_loss() -> None:
     logp, old = torch.tensor([[3.0]]), torch.zeros(1, 1)  # ratio e^3 ~ 20
     adv, mask = torch.tensor([-1.0]), torch.ones(1, 1)
     plain, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean")
-    dual, _ = policy_loss(
-        logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean", dual_clip=3.0
-    )
+    dual, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean", dual_clip=3.0)
     assert plain.item() == pytest.approx(math.exp(3.0), rel=1e-5) and dual.item() == pytest.approx(3.0)
 
 
@@ -73,17 +70,16 @@ def test_aggregations_by_hand() -> None:
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert aggregate(per_token, mask, "token_mean").item() == pytest.approx(10 / 4)
     assert aggregate(per_token, mask, "seq_mean_token_mean").item() == pytest.approx((2 + 4) / 2)
-    assert aggregate(per_token, mask, "seq_mean_token_sum_norm", max_tokens=5).item() == pytest.approx(
-        10 / (2 * 5)
-    )
+    assert aggregate(per_token, mask, "seq_mean_token_sum_norm", max_tokens=5).item() == pytest.approx(10 / (2 * 5))
     assert aggregate(per_token, mask, "token_mean", loss_scale_tokens=8).item() == pytest.approx(10 / 8)
 
 
 def test_tool_tokens_get_no_gradient() -> None:
     logp = torch.zeros(1, 4, requires_grad=True)
     mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # positions 1-2 are interpreter output
-    loss, _ = policy_loss(logp, torch.zeros(1, 4), torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.28,
-                          aggregation="token_mean")  # fmt: skip
+    loss, _ = policy_loss(
+        logp, torch.zeros(1, 4), torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean"
+    )
     loss.backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
 
@@ -125,8 +121,10 @@ def trl_loss(logp, old, adv, mask, eps_low, eps_high, loss_type, max_completion_
     return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)  # "dapo"
 
 
-@pytest.mark.parametrize(("trl_type", "ours"), [("dapo", "token_mean"), ("grpo", "seq_mean_token_mean"),
-                                                ("dr_grpo", "seq_mean_token_sum_norm")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("trl_type", "ours"),
+    [("dapo", "token_mean"), ("grpo", "seq_mean_token_mean"), ("dr_grpo", "seq_mean_token_sum_norm")],
+)
 def test_parity_with_trl(trl_type: str, ours: str) -> None:
     gen = torch.Generator().manual_seed(0)
     rewards = torch.randint(0, 2, (16,), generator=gen).float()
@@ -137,6 +135,4 @@ def test_parity_with_trl(trl_type: str, ours: str) -> None:
     adv = group_advantages(rewards, groups, "grpo")
     assert torch.allclose(adv, trl_advantages(rewards, 8), atol=1e-6)
     loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=ours, max_tokens=12)
-    assert loss.item() == pytest.approx(
-        trl_loss(logp, old, adv, mask, 0.2, 0.28, trl_type, 12).item(), rel=1e-6
-    )
+    assert loss.item() == pytest.approx(trl_loss(logp, old, adv, mask, 0.2, 0.28, trl_type, 12).item(), rel=1e-6)

@@ -9,8 +9,11 @@ from retool_cli.batch import Batch
 
 
 def make(n: int = 4, width: int = 3) -> Batch:
-    return Batch({"ids": torch.arange(n * width).view(n, width), "reward": torch.arange(n).float()},
-                 {"name": [f"s{i}" for i in range(n)]}, {"step": 7})  # fmt: skip
+    return Batch(
+        {"ids": torch.arange(n * width).view(n, width), "reward": torch.arange(n).float()},
+        {"name": [f"s{i}" for i in range(n)]},
+        {"step": 7},
+    )
 
 
 def test_length_and_consistency_check() -> None:

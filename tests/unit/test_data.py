@@ -170,9 +170,7 @@ DAPO_COLUMNS = ColumnsConfig(question="prompt", answer="reward_model.ground_trut
 
 
 def test_to_examples_reads_dapo_layout() -> None:
-    cfg = DataConfig(
-        source=DataSource.dapo_math_17k, name="dapo", columns=DAPO_COLUMNS, strip_dapo_template=True
-    )
+    cfg = DataConfig(source=DataSource.dapo_math_17k, name="dapo", columns=DAPO_COLUMNS, strip_dapo_template=True)
     stats = PrepareStats()
     rows = [RawRow(f"r{i}", dapo_row(i, f"Problem {i}?", str(i))) for i in range(3)]
     rows.append(RawRow("r3", {**dapo_row(3, "", "1")}))
@@ -184,12 +182,8 @@ def test_to_examples_reads_dapo_layout() -> None:
 
 
 def test_to_examples_missing_column_names_row_and_column() -> None:
-    cfg = DataConfig(
-        source=DataSource.file, path="x", columns=ColumnsConfig(question="problem", answer="solution")
-    )
-    with pytest.raises(
-        DataError, match=r"f.jsonl:2: column 'solution' not found \(row has: answer, problem\)"
-    ):
+    cfg = DataConfig(source=DataSource.file, path="x", columns=ColumnsConfig(question="problem", answer="solution"))
+    with pytest.raises(DataError, match=r"f.jsonl:2: column 'solution' not found \(row has: answer, problem\)"):
         to_examples([RawRow("f.jsonl:2", {"problem": "p", "answer": "1"})], cfg, PrepareStats())
 
 
@@ -222,13 +216,9 @@ def test_prepare_dataset_hub_path_on_local_repo(tmp_path: Path) -> None:
 
     repo = tmp_path / "repo"
     (repo / "data").mkdir(parents=True)
-    rows = [
-        {"id": 60 + i, "problem": f"AIME problem {i}", "answer": f"{i:03d}", "url": "u"} for i in range(4)
-    ]
+    rows = [{"id": 60 + i, "problem": f"AIME problem {i}", "answer": f"{i:03d}", "url": "u"} for i in range(4)]
     datasets.Dataset.from_list(rows).to_parquet(str(repo / "data" / "train-00000-of-00001.parquet"))
-    cfg = DataConfig(
-        source=DataSource.aime24, name="aime24", hub_id=str(repo), columns=ColumnsConfig(id="id")
-    )
+    cfg = DataConfig(source=DataSource.aime24, name="aime24", hub_id=str(repo), columns=ColumnsConfig(id="id"))
     train, dev, _ = prepare_dataset(cfg, seed=0)
     assert [(e.id, e.answer) for e in train] == [("60", "000"), ("61", "001"), ("62", "002"), ("63", "003")]
     assert dev == []
@@ -247,10 +237,6 @@ def test_parquet_and_json_files(tmp_path: Path) -> None:
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "x.parquet"))
     (tmp_path / "x.json").write_text(json.dumps({"data": rows}))
     for name in ("x.parquet", "x.json"):
-        cfg = DataConfig(
-            source=DataSource.file, name="f", path=str(tmp_path / name), columns=ColumnsConfig("q", "a")
-        )
+        cfg = DataConfig(source=DataSource.file, name="f", path=str(tmp_path / name), columns=ColumnsConfig("q", "a"))
         train, _, _ = prepare_dataset(cfg, seed=0)
-        assert [(e.id, e.question, e.answer) for e in train] == [
-            (f"f-{i}", f"question {i}", str(i)) for i in range(3)
-        ]
+        assert [(e.id, e.question, e.answer) for e in train] == [(f"f-{i}", f"question {i}", str(i)) for i in range(3)]

@@ -15,7 +15,8 @@ from retool_cli.decontam import (
 )
 
 BENCH = [
-    "Let $x$ and $y$ be real numbers such that $x + y = 17$ and $xy = 60$. Find the value of $x^2 + y^2$ for these numbers.",
+    "Let $x$ and $y$ be real numbers such that $x + y = 17$ and $xy = 60$. "
+    "Find the value of $x^2 + y^2$ for these numbers.",
     "A fair coin is tossed repeatedly until either three consecutive heads appear or two consecutive tails appear. "
     "The probability that the process ends with the heads is $\\frac{m}{n}$, where $m$ and $n$ are relatively prime "
     "positive integers. Find $m+n$.",
@@ -32,9 +33,7 @@ def test_normalize_and_ngrams() -> None:
 
 def test_coverage_and_best_item() -> None:
     index = BenchmarkIndex(BENCH, n=3)
-    [copy, unrelated] = index.overlaps(
-        [BENCH[0], "An entirely different question about geometry and circles."]
-    )
+    [copy, unrelated] = index.overlaps([BENCH[0], "An entirely different question about geometry and circles."])
     assert copy.item == 0 and copy.coverage == 1.0 and copy.shared == index.sizes[0]
     assert unrelated.item == -1 and unrelated.shared == 0 and unrelated.coverage == 0.0
 
@@ -56,10 +55,14 @@ def test_short_problem_exact_match() -> None:
 
 
 def test_numbers_decide_between_boilerplate_and_copies() -> None:
-    boilerplate = ("A bag holds 4 red and 7 blue marbles. The chance of drawing two reds is $\\frac{m}{n}$, where $m$ "
-                   "and $n$ are relatively prime positive integers. Find $m+n$.")  # fmt: skip
-    edited = ("Problem: Let $x$ and $y$ be two numbers so that $x + y = 17$ and also $xy = 60$. Find the value "
-              "of $x^2 + y^2$.")  # fmt: skip
+    boilerplate = (
+        "A bag holds 4 red and 7 blue marbles. The chance of drawing two reds is $\\frac{m}{n}$, where $m$ "
+        "and $n$ are relatively prime positive integers. Find $m+n$."
+    )
+    edited = (
+        "Problem: Let $x$ and $y$ be two numbers so that $x + y = 17$ and also $xy = 60$. Find the value "
+        "of $x^2 + y^2$."
+    )
     index = BenchmarkIndex(BENCH, n=3)
     [b, e] = index.overlaps([boilerplate, edited])
     assert b.item == 1 and b.shared >= 3  # shares the boilerplate phrase...
@@ -68,9 +71,9 @@ def test_numbers_decide_between_boilerplate_and_copies() -> None:
     assert e.item == 0 and number_precision(edited, BENCH[0]) == 1.0
     assert flagged(e, "coverage", 0.25, number_precision(edited, BENCH[e.item]))
     # open-r1's rule flags the boilerplate row: one shared 8-gram is enough
-    assert BenchmarkIndex(BENCH, n=8).overlaps([boilerplate])[0].shared > 0 and openr1_flags(
-        [boilerplate], BENCH
-    ) == [True]
+    assert BenchmarkIndex(BENCH, n=8).overlaps([boilerplate])[0].shared > 0 and openr1_flags([boilerplate], BENCH) == [
+        True
+    ]
 
 
 def test_any_rule_matches_openr1() -> None:
@@ -117,8 +120,5 @@ def test_any_rule_matches_openr1_on_unicode_and_long_words() -> None:
         "the quick brown fox jumps over the lazy",  # exactly one 8-gram
         "the quick brown fox jumps over the",  # 7 words
     ]
-    ours = [
-        o.shared > 0
-        for o in BenchmarkIndex(bench, 8, latex=False, punctuation=False).overlaps(rows, chunk_rows=2)
-    ]
+    ours = [o.shared > 0 for o in BenchmarkIndex(bench, 8, latex=False, punctuation=False).overlaps(rows, chunk_rows=2)]
     assert ours == openr1_flags(rows, bench) == [True, True, False, True, False]

@@ -39,18 +39,14 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if world > 1:
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-        )
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     path = tiny_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).train()
     if fsdp and world > 1:
         shard(model)
     trajectories, rewards = batch(tokenizer)
-    mine = [
-        i for i, t in enumerate(trajectories) if int(t.example.id[1:]) % world == rank
-    ]  # whole groups per rank
+    mine = [i for i, t in enumerate(trajectories) if int(t.example.id[1:]) % world == rank]  # whole groups per rank
     cfg = RetoolConfig()
     cfg.trainer.loss_agg, cfg.trainer.grad_clip, cfg.trainer.micro_batch_tokens = LossAgg(loss_agg), 1e9, 96
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient itself
@@ -70,8 +66,10 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(("loss_agg", "fsdp"), [("token_mean", False), ("seq_mean_token_mean", False),
-                                               ("token_mean", True), ("seq_mean_token_mean", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("loss_agg", "fsdp"),
+    [("token_mean", False), ("seq_mean_token_mean", False), ("token_mean", True), ("seq_mean_token_mean", True)],
+)
 def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool) -> None:
     """Data parallel (whole model per process, gradients all-reduced) and FSDP2 (sharded parameters, gradients
     reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update."""
@@ -94,9 +92,7 @@ def engine_arguments(rank: int, world: int, init_file: str, out: str) -> None:
     from retool_cli.rollout.vllm_engine import _per_process_engine
 
     if world > 1:
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
-        )
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     Path(f"{out}.{rank}").write_text(repr(_per_process_engine()))
 
 
@@ -114,7 +110,5 @@ def test_whole_tensors_cast_one_at_a_time() -> None:
     named = {f"w{i}": torch.randn(64, 64) for i in range(3)}
     stream = whole_tensors(named, torch.bfloat16)
     name, first = next(stream)  # a generator: nothing past the first tensor is cast yet
-    assert (
-        name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
-    )
+    assert name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
     assert [n for n, _ in stream] == ["w1", "w2"]

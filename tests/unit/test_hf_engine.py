@@ -26,16 +26,24 @@ VOCAB, EOS, PAD = 97, 96, 95
 
 def tiny_model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = CONFIGS[kind](vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                           eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)  # fmt: skip
+    config = CONFIGS[kind](
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+    )
     return AutoModelForCausalLM.from_config(config).eval()
 
 
 def engine_for(model: torch.nn.Module) -> HFEngine:
-    tokenizer = SimpleNamespace(
-        eos_token_id=EOS, pad_token_id=PAD, decode=lambda ids: "", encode=lambda t, **k: []
-    )
+    tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD, decode=lambda ids: "", encode=lambda t, **k: [])
     return HFEngine(model, tokenizer)
 
 
@@ -64,7 +72,9 @@ def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bo
     shared, fused = [], []
     share, fused_step = kv_decoder.KVDecoder.share, kv_decoder.KVDecoder._fused_step
     monkeypatch.setattr(kv_decoder.KVDecoder, "share", lambda self, n: (shared.append(n), share(self, n)))
-    monkeypatch.setattr(kv_decoder.KVDecoder, "_fused_step", lambda self, *a: (fused.append(1), fused_step(self, *a))[1])  # fmt: skip
+    monkeypatch.setattr(
+        kv_decoder.KVDecoder, "_fused_step", lambda self, *a: (fused.append(1), fused_step(self, *a))[1]
+    )
     prompts, budgets = (GROUPED, GROUPED_BUDGETS) if grouped else (PROMPTS, [12, 7, 12, 3])
     gens = engine_for(model).generate(prompts, budgets, [], Sampling(temperature=0.0))
     assert shared == ([3] if grouped and llama_family else [])
@@ -109,9 +119,7 @@ def test_cpu_kernels_exp_and_rms_norm() -> None:
     """The numba kernels' pieces against numpy/torch: exp of softmax inputs (<= 0; -inf and anything below -87
     exactly 0), residual add + RMSNorm in place."""
     rng = np.random.default_rng(0)
-    x = np.concatenate([-np.logspace(-8, np.log10(86.9), 2000), [0.0, -87.5, -1e4, -np.inf]]).astype(
-        np.float32
-    )
+    x = np.concatenate([-np.logspace(-8, np.log10(86.9), 2000), [0.0, -87.5, -1e4, -np.inf]]).astype(np.float32)
     got = x.copy()
     cpu_kernels._exp_inplace(got, len(got), np.empty(len(got), np.int32))
     want = np.exp(x.astype(np.float64))

@@ -15,9 +15,7 @@ from retool_cli.reward import Verifier
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CASES = [json.loads(line) for line in (DATA / "judge_cases.jsonl").read_text(encoding="utf-8").splitlines()]
-SUITE = [
-    json.loads(line) for line in (DATA / "math_verify_cases.jsonl").read_text(encoding="utf-8").splitlines()
-]
+SUITE = [json.loads(line) for line in (DATA / "math_verify_cases.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +32,18 @@ def test_labelled_set_covers_every_category_with_both_labels() -> None:
     assert len({row["id"] for row in CASES}) == len(CASES)
     by_category = Counter((row["category"], row["equal"]) for row in CASES)
     categories = {category for category, _ in by_category}
-    assert {"signed_integers", "sums_and_polynomials", "complex_numbers", "lists_of_roots", "units_and_currency",
-            "factorials", "equations", "sets_and_intervals", "hedges", "plain_numbers"} <= categories  # fmt: skip
+    assert {
+        "signed_integers",
+        "sums_and_polynomials",
+        "complex_numbers",
+        "lists_of_roots",
+        "units_and_currency",
+        "factorials",
+        "equations",
+        "sets_and_intervals",
+        "hedges",
+        "plain_numbers",
+    } <= categories
     for category in categories - {"hedges"}:
         assert by_category[(category, True)] and by_category[(category, False)], category
     assert all(row["how"] == "sympy" or row["how"].startswith("hand: ") for row in CASES)
@@ -59,15 +67,20 @@ def _simplified_set(s):
 @pytest.mark.parametrize("row", [r for r in CASES if r["how"] == "sympy"], ids=lambda r: r["id"])
 def test_sympy_labels_recomputed(row: dict) -> None:
     names = {name: sympy.Symbol(name) for name in ("x", "y", "a", "b", "c", "r", "k")}
-    gold, pred = (sympy.sympify(text.replace("{", "FiniteSet(").replace("}", ")") if text.startswith("{") else text,
-                                locals=names) for text in row["sympy"])  # fmt: skip
+    gold, pred = (
+        sympy.sympify(text.replace("{", "FiniteSet(").replace("}", ")") if text.startswith("{") else text, locals=names)
+        for text in row["sympy"]
+    )
     assert _sympy_equal(gold, pred) is row["equal"]
 
 
 def test_every_labelled_pair_is_judged_right(verifier: Verifier) -> None:
     verdicts = verifier.verify_many([(row["gold"], row["pred"]) for row in CASES])
-    wrong = [(row["id"], row["gold"], row["pred"]) for row, v in zip(CASES, verdicts, strict=True)
-             if v.equivalent is not row["equal"]]  # fmt: skip
+    wrong = [
+        (row["id"], row["gold"], row["pred"])
+        for row, v in zip(CASES, verdicts, strict=True)
+        if v.equivalent is not row["equal"]
+    ]
     assert not wrong
     assert not any(v.timed_out for v in verdicts)
 
@@ -84,11 +97,27 @@ def test_math_verify_suite_agreement(verifier: Verifier) -> None:
 
 @pytest.mark.parametrize(
     ("answer", "count"),
-    [("5", 1), ("1, 2", 2), ("\\{1, 2, 3\\}", 3), ("(1, 2)", 2), ("[1, 2]", 1), ("\\pm 3", 2), ("1 \\pm \\sqrt{2}", 2),
-     ("3 \\text{ or } 4", 2), ("x = 3 \\text{ and } y = 4", 2), ("25 \\text{ (or 26)}", 2), ("7 \\lor 8", 2),
-     ("\\left\\{ 1, 2 \\right\\}", 2), ("f(1, 2)", 1), ("\\frac{1}{2}", 1), ("(1, 2), (3, 4)", 2), ("1; 2; 3", 3),
-     ("\\text{either } 3 \\text{ or } 4", 2), ("7,425,000", 3)],
-)  # fmt: skip
+    [
+        ("5", 1),
+        ("1, 2", 2),
+        ("\\{1, 2, 3\\}", 3),
+        ("(1, 2)", 2),
+        ("[1, 2]", 1),
+        ("\\pm 3", 2),
+        ("1 \\pm \\sqrt{2}", 2),
+        ("3 \\text{ or } 4", 2),
+        ("x = 3 \\text{ and } y = 4", 2),
+        ("25 \\text{ (or 26)}", 2),
+        ("7 \\lor 8", 2),
+        ("\\left\\{ 1, 2 \\right\\}", 2),
+        ("f(1, 2)", 1),
+        ("\\frac{1}{2}", 1),
+        ("(1, 2), (3, 4)", 2),
+        ("1; 2; 3", 3),
+        ("\\text{either } 3 \\text{ or } 4", 2),
+        ("7,425,000", 3),
+    ],
+)
 def test_candidate_count(answer: str, count: int) -> None:
     assert candidate_count(answer) == count
 
@@ -100,33 +129,37 @@ def test_hedge_needs_a_reference_with_as_many_values() -> None:
 
 @pytest.mark.parametrize(
     ("answer", "other", "read"),
-    [("7,425,000", "7425000", "7425000"),  # thousands against a number
-     ("1,234", "1, 234", "1,234"),  # ... but a list against a list
-     ("0,111", "0.111", "0.111"),  # a decimal comma only against a decimal (0,111 is no thousands grouping)
-     ("1,5", "15", "1,5"),
-     ("1 000", "1000", "1000"), ("10,\\!080", "10080", "10080"), ("1{,}000", "1000", "1000"),
-     ("\u22125", "-5", "-5"), ("2\u00d73", "6", "2\\times 3"),
-     ("1\\frac{4}{5}", "1.8", "(1+\\frac{4}{5})"), ("-2\\frac{1}{3}", "x", "-(2+\\frac{1}{3})"), ("2\\frac{3}{2}", "x", "2\\frac{3}{2}"),
-     ("28 percent", "28\\%", "28\\%"), ("\\$4.50", "4.5", "4.50"), ("12 dollars", "12", "12"),
-     ("\\varnothing", "\\emptyset", "\\emptyset"), ("\\text{no real solutions}", "\\emptyset", "\\emptyset"),
-     ("\\{x \\mid x > 2\\}", "(2,\\infty)", "x > 2"), ("\\left\\{x : 1 \\le x \\le 3\\right\\}", "[1,3]", "1 \\le x \\le 3"),
-     ("Navin", "\\text{Navin}", "\\text{Navin}"), ("5.", "5", "5")],
-)  # fmt: skip
+    [
+        ("7,425,000", "7425000", "7425000"),  # thousands against a number
+        ("1,234", "1, 234", "1,234"),  # ... but a list against a list
+        ("0,111", "0.111", "0.111"),  # a decimal comma only against a decimal (0,111 is no thousands grouping)
+        ("1,5", "15", "1,5"),
+        ("1 000", "1000", "1000"),
+        ("10,\\!080", "10080", "10080"),
+        ("1{,}000", "1000", "1000"),
+        ("\u22125", "-5", "-5"),
+        ("2\u00d73", "6", "2\\times 3"),
+        ("1\\frac{4}{5}", "1.8", "(1+\\frac{4}{5})"),
+        ("-2\\frac{1}{3}", "x", "-(2+\\frac{1}{3})"),
+        ("2\\frac{3}{2}", "x", "2\\frac{3}{2}"),
+        ("28 percent", "28\\%", "28\\%"),
+        ("\\$4.50", "4.5", "4.50"),
+        ("12 dollars", "12", "12"),
+        ("\\varnothing", "\\emptyset", "\\emptyset"),
+        ("\\text{no real solutions}", "\\emptyset", "\\emptyset"),
+        ("\\{x \\mid x > 2\\}", "(2,\\infty)", "x > 2"),
+        ("\\left\\{x : 1 \\le x \\le 3\\right\\}", "[1,3]", "1 \\le x \\le 3"),
+        ("Navin", "\\text{Navin}", "\\text{Navin}"),
+        ("5.", "5", "5"),
+    ],
+)
 def test_read_answer_settles_plain_text_forms(answer: str, other: str, read: str) -> None:
     assert read_answer(answer, other) == read
 
 
 def test_is_text_tells_a_response_from_a_box() -> None:
-    assert (
-        is_text("The answer is $5$.")
-        and is_text("so \\boxed{5}")
-        and is_text("the number is not 10 which is 12")
-    )
-    assert (
-        not is_text("\\$5")
-        and not is_text("5 \\text{ dollars}")
-        and not is_text("x = 25 \\text{ or } x = 26")
-    )
+    assert is_text("The answer is $5$.") and is_text("so \\boxed{5}") and is_text("the number is not 10 which is 12")
+    assert not is_text("\\$5") and not is_text("5 \\text{ dollars}") and not is_text("x = 25 \\text{ or } x = 26")
 
 
 @pytest.mark.parametrize(("gold", "pred"), [("\\frac{1}{3}", "0.333333"), ("\\frac{1}{12}", "0.0833333333")])

@@ -70,9 +70,6 @@ def test_resolve_checkpoint_and_step(tmp_path) -> None:
         (folder / "config.json").write_text("{}")
     assert resolve_checkpoint(str(tmp_path / "run")).name == "step_100"  # the latest, not the last listed
     assert resolve_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_5")).name == "step_5"
-    assert (
-        training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20
-        and training_step("gpt2") is None
-    )
+    assert training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20 and training_step("gpt2") is None
     with pytest.raises(ConfigError, match="neither a checkpoint"):
         resolve_checkpoint(str(tmp_path))

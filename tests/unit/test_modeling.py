@@ -32,9 +32,13 @@ def test_auto_on_a_cpu_trains_fp32_as_configured(caplog) -> None:
 
 @pytest.mark.parametrize(
     "engine, fsdp, rollout_dtype",
-    [(Engine.hf, False, "bfloat16"), (Engine.hf, True, "auto"), (Engine.vllm, False, "bfloat16"),
-     (Engine.vllm, True, "bfloat16")],
-)  # fmt: skip
+    [
+        (Engine.hf, False, "bfloat16"),
+        (Engine.hf, True, "auto"),
+        (Engine.vllm, False, "bfloat16"),
+        (Engine.vllm, True, "bfloat16"),
+    ],
+)
 def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: Engine, fsdp: bool, rollout_dtype: str) -> None:
     # Only the device lookup is faked: the function under test reads the config and torch.cuda.is_available.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -50,9 +54,7 @@ def test_explicit_bf16_training_is_kept_but_warned_about(caplog) -> None:
     cfg = config(device="cpu", dtype="bfloat16")
     with caplog.at_level(logging.WARNING):
         assert training_precision(cfg) == cfg
-    assert any(
-        "model.dtype=bfloat16" in r.getMessage() and "are lost" in r.getMessage() for r in caplog.records
-    )
+    assert any("model.dtype=bfloat16" in r.getMessage() and "are lost" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("cuda", [False, True])
@@ -68,9 +70,14 @@ def test_lora_keeps_the_frozen_base_as_configured(monkeypatch, caplog, cuda: boo
 
 @pytest.mark.parametrize(
     "cuda, model_dtype, rollout_dtype, expected",
-    [(True, "auto", "auto", "bfloat16"), (False, "auto", "auto", "float32"), (True, "float32", "auto", "float32"),
-     (True, "auto", "float16", "float16"), (False, "bfloat16", "auto", "bfloat16")],
-)  # fmt: skip
+    [
+        (True, "auto", "auto", "bfloat16"),
+        (False, "auto", "auto", "float32"),
+        (True, "float32", "auto", "float32"),
+        (True, "auto", "float16", "float16"),
+        (False, "bfloat16", "auto", "bfloat16"),
+    ],
+)
 def test_vllm_dtype(monkeypatch, cuda: bool, model_dtype: str, rollout_dtype: str, expected: str) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     cfg = config(dtype=model_dtype)

@@ -11,19 +11,30 @@ import pytest
 from retool_cli.report import write_report
 
 
-def fake_run(
-    root: Path, setting: str, step: int | None, seed: int, accuracy: float, se: float = 0.02
-) -> None:
+def fake_run(root: Path, setting: str, step: int | None, seed: int, accuracy: float, se: float = 0.02) -> None:
     folder = root / f"{setting}_step{step}_seed{seed}"
     folder.mkdir(parents=True)
     results = {
-        "metrics": {"samples_per_problem": 4, "avg@4": accuracy, "se_sampling": se, "se_problems": 2 * se,
-                    "ci95_bootstrap": [max(0.0, accuracy - 0.1), min(1.0, accuracy + 0.1)], "maj@4": accuracy,
-                    "format_rate": 0.9, "code_calls": 1.0},
-        "protocol": {"model": f"runs/{setting}/seed_{seed}/checkpoints/step_{step}", "ckpt": f"runs/{setting}/seed_{seed}",
-                     "training_step": step, "benchmark": "smoke", "seed": seed, "setting": setting,
-                     "training": {"run": f"runs/{setting}/seed_{seed}", "seed": seed, "setting": setting}},
-    }  # fmt: skip
+        "metrics": {
+            "samples_per_problem": 4,
+            "avg@4": accuracy,
+            "se_sampling": se,
+            "se_problems": 2 * se,
+            "ci95_bootstrap": [max(0.0, accuracy - 0.1), min(1.0, accuracy + 0.1)],
+            "maj@4": accuracy,
+            "format_rate": 0.9,
+            "code_calls": 1.0,
+        },
+        "protocol": {
+            "model": f"runs/{setting}/seed_{seed}/checkpoints/step_{step}",
+            "ckpt": f"runs/{setting}/seed_{seed}",
+            "training_step": step,
+            "benchmark": "smoke",
+            "seed": seed,
+            "setting": setting,
+            "training": {"run": f"runs/{setting}/seed_{seed}", "seed": seed, "setting": setting},
+        },
+    }
     (folder / "results.json").write_text(json.dumps(results))
 
 
@@ -38,9 +49,7 @@ def test_a_seed_sweep_becomes_results_with_a_spread(tmp_path: Path) -> None:
     assert (a10["setting"], a10["step"], sorted(a10["seeds"])) == ("a", 10, [1, 2, 3])
     assert a10["mean"] == pytest.approx(0.35) and a10["std_seeds"] == pytest.approx(0.05)
     assert a10["se_seeds"] == pytest.approx(0.05 / math.sqrt(3))
-    assert a10["se_sampling"] == pytest.approx(
-        math.sqrt(3 * 0.02**2) / 3
-    )  # kept apart from the seeds' spread
+    assert a10["se_sampling"] == pytest.approx(math.sqrt(3 * 0.02**2) / 3)  # kept apart from the seeds' spread
     assert a10["label"] == "runs/a/seed_*"
     assert (a20["step"], b10["setting"], b10["n_seeds"], b10["std_seeds"]) == (20, "b", 1, None)
     assert len(report["runs"]) == 7 and {r["seed"] for r in report["runs"]} == {1, 2, 3}

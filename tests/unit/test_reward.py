@@ -257,13 +257,31 @@ def test_two_stage_latex_parsing_builds_the_same_expressions() -> None:
     import sys
 
     # the last 3 need the LL fallback
-    texts = ["\\frac{3}{4}", "2\\sqrt{3}+1", "(1, 2]", "\\{1, 2, 3\\}", "(-\\infty, -2) \\cup (3, \\infty)",
-             "1, 2, 3", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "x \\le 3", "10,080", "3 + 4i",
-             "\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{1}{", "}{", "\\text{(E)}", "f(x) = x^2 + 1",
-             "(" * 12 + "x" + ")" * 12, "(" * 14 + "x" + ")" * 14,  # deeper than 12: plain LL
-             "x^5 - x^4 + x^3 - x^2 + x - 1", "8n^2 + 4n + 1", "V_{1}:V_{2}=11:21"]  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", TWO_STAGE_CHECK, json.dumps(texts)], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    texts = [
+        "\\frac{3}{4}",
+        "2\\sqrt{3}+1",
+        "(1, 2]",
+        "\\{1, 2, 3\\}",
+        "(-\\infty, -2) \\cup (3, \\infty)",
+        "1, 2, 3",
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "x \\le 3",
+        "10,080",
+        "3 + 4i",
+        "\\left( 3, \\frac{\\pi}{2} \\right)",
+        "\\frac{1}{",
+        "}{",
+        "\\text{(E)}",
+        "f(x) = x^2 + 1",
+        "(" * 12 + "x" + ")" * 12,
+        "(" * 14 + "x" + ")" * 14,  # deeper than 12: plain LL
+        "x^5 - x^4 + x^3 - x^2 + x - 1",
+        "8n^2 + 4n + 1",
+        "V_{1}:V_{2}=11:21",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", TWO_STAGE_CHECK, json.dumps(texts)], capture_output=True, text=True, check=True
+    )
     before, after = json.loads(out.stdout)
     assert after == before
     assert any(b.startswith("error") for b in before) and any(not b.startswith("error") for b in before)

@@ -20,9 +20,7 @@ from retool_cli.sandbox import Sandbox, SandboxError, _descendants, bwrap_usable
 
 BWRAP_OK, BWRAP_WHY = bwrap_usable()
 MODES = [
-    pytest.param(
-        Isolation.bwrap, marks=pytest.mark.skipif(not BWRAP_OK, reason=f"no bubblewrap jail: {BWRAP_WHY}")
-    ),
+    pytest.param(Isolation.bwrap, marks=pytest.mark.skipif(not BWRAP_OK, reason=f"no bubblewrap jail: {BWRAP_WHY}")),
     Isolation.rlimits,
 ]
 ROOT = os.geteuid() == 0
@@ -31,8 +29,16 @@ os.environ["RETOOL_TEST_SECRET"] = "hunter2-" + uuid.uuid4().hex  # set before a
 
 
 def config(isolation: Isolation, **overrides) -> SandboxConfig:
-    values = {"isolation": isolation, "workers": 2, "timeout_s": 3.0, "cpu_time_s": 3, "memory_mb": 256,
-              "max_output_bytes": 4096, "uid_base": 62000, **overrides}  # fmt: skip
+    values = {
+        "isolation": isolation,
+        "workers": 2,
+        "timeout_s": 3.0,
+        "cpu_time_s": 3,
+        "memory_mb": 256,
+        "max_output_bytes": 4096,
+        "uid_base": 62000,
+        **overrides,
+    }
     return SandboxConfig(**values)
 
 
@@ -135,9 +141,7 @@ def test_run_many_keeps_order(sandbox: Sandbox) -> None:
         ),
     ],
 )
-def test_errors_are_reported_not_raised(
-    sandbox: Sandbox, code: str, status: str, in_stderr: str, reason: str
-) -> None:
+def test_errors_are_reported_not_raised(sandbox: Sandbox, code: str, status: str, in_stderr: str, reason: str) -> None:
     started = time.monotonic()
     result = sandbox.run(code)
     assert result.status == status, result
@@ -190,7 +194,8 @@ def test_memory_bombs_are_killed(sandbox: Sandbox, code: str) -> None:
     "code",
     [
         "import os\nwhile True:\n    os.fork()",
-        "import multiprocessing as mp\nps = [mp.Process(target=lambda: __import__('time').sleep(60)) for _ in range(200)]\n"
+        "import multiprocessing as mp\n"
+        "ps = [mp.Process(target=lambda: __import__('time').sleep(60)) for _ in range(200)]\n"
         "[p.start() for p in ps]",
         "import subprocess\n[subprocess.Popen(['sleep', '60']) for _ in range(200)]",
         "import threading, time\n[threading.Thread(target=time.sleep, args=(60,)).start() for _ in range(500)]",
@@ -235,9 +240,11 @@ def test_threads_and_daemons_do_not_outlive_the_call(sandbox: Sandbox) -> None:
 
 def test_fresh_state_every_call() -> None:
     with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
-        probe = ("import math, os, random, sys, numpy\n"
-                 "print(math.pi, os.environ.get('POISON'), os.listdir('.'), random.random(), numpy.random.rand(),"
-                 " 'json' in sys.modules, print is __builtins__.print if hasattr(__builtins__, 'print') else True)")  # fmt: skip
+        probe = (
+            "import math, os, random, sys, numpy\n"
+            "print(math.pi, os.environ.get('POISON'), os.listdir('.'), random.random(), numpy.random.rand(),"
+            " 'json' in sys.modules, print is __builtins__.print if hasattr(__builtins__, 'print') else True)"
+        )
         before = box.run(probe)
         poison = box.run(
             "import math, os, random, builtins, sys, numpy\n"
@@ -285,7 +292,8 @@ def test_cannot_signal_or_trace_outside_the_call(sandbox: Sandbox) -> None:
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         f"for pid in [os.getppid(), 1, {host}]:\n"
         "    for action in (lambda: os.kill(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGSTOP)):\n"
-        "        try:\n            action()\n            print('signalled', pid)\n        except OSError:\n            pass\n"
+        "        try:\n            action()\n            print('signalled', pid)\n"
+        "        except OSError:\n            pass\n"
         "    if libc.ptrace(16, pid, None, None) == 0:\n        print('traced', pid)\n"
         "try:\n    os.nice(-5)\n    print('reniced')\nexcept OSError:\n    pass\n"
     )
@@ -307,11 +315,13 @@ def test_jail_hides_files_network_and_processes(isolation: Isolation, tmp_path: 
     code = (
         "import os, socket\n"
         f"print(os.path.exists({str(REPO / 'pyproject.toml')!r}), os.path.exists('/root'), os.path.exists('/home'))\n"
-        f"print(os.path.exists('/proc/{os.getpid()}/cmdline') and 'pytest' in open('/proc/{os.getpid()}/cmdline').read())\n"
+        f"print(os.path.exists('/proc/{os.getpid()}/cmdline')"
+        f" and 'pytest' in open('/proc/{os.getpid()}/cmdline').read())\n"
         "for target in ['/etc/x', '/usr/x', '/x']:\n"
         "    try:\n        open(target, 'w')\n        print('wrote', target)\n    except OSError:\n        pass\n"
         f"open('/tmp/{marker}', 'w').write('x')\n"
-        "try:\n    open('/proc/sys/kernel/core_pattern', 'w')\n    print('core_pattern writable')\nexcept OSError:\n    pass\n"
+        "try:\n    open('/proc/sys/kernel/core_pattern', 'w')\n    print('core_pattern writable')\n"
+        "except OSError:\n    pass\n"
         "try:\n"
         f"    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('connected')\n"
         "except OSError:\n    pass\n"

@@ -44,16 +44,10 @@ def test_synthetic_traces_mix_and_masks(protocol) -> None:
         assert trace.prompt_ids == protocol.prompt_ids(example.question)
         text = tokenizer.decode(trace.response_ids)
         assert text.endswith(f"\\boxed{{{example.answer}}}.{tokenizer.eos_token}")
-        trained = tokenizer.decode(
-            [i for i, m in zip(trace.response_ids, trace.response_mask, strict=True) if m]
-        )
-        masked = tokenizer.decode(
-            [i for i, m in zip(trace.response_ids, trace.response_mask, strict=True) if not m]
-        )
+        trained = tokenizer.decode([i for i, m in zip(trace.response_ids, trace.response_mask, strict=True) if m])
+        masked = tokenizer.decode([i for i, m in zip(trace.response_ids, trace.response_mask, strict=True) if not m])
         if 0 in trace.response_mask:
-            assert (
-                masked == f"\n<interpreter>\n{example.answer}\n</interpreter>\n"
-            )  # the tool output is not trained
+            assert masked == f"\n<interpreter>\n{example.answer}\n</interpreter>\n"  # the tool output is not trained
             assert "<code>" in trained and "<interpreter>" not in trained
         else:
             assert masked == "" and trained == text
@@ -74,7 +68,5 @@ def test_message_traces(protocol, tmp_path) -> None:
     )
     assert sum(trace.response_mask) < len(trace.response_mask)
     path.write_text(path.read_text() + json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
-    with pytest.raises(
-        DataError, match=r"sft.jsonl:2: needs a user message and must end with an assistant message"
-    ):
+    with pytest.raises(DataError, match=r"sft.jsonl:2: needs a user message and must end with an assistant message"):
         message_traces(path, protocol)

@@ -66,8 +66,16 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     assert any("q_proj" in k for k in changed)  # the adapters' deltas are in the merged weights
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
-    folder = save_checkpoint(tmp_path, 3, policy, tokenizer, optimizer, build_scheduler(optimizer, 0, 3, "constant"),
-                             {"cursor": 0}, keep_last=1)  # fmt: skip
+    folder = save_checkpoint(
+        tmp_path,
+        3,
+        policy,
+        tokenizer,
+        optimizer,
+        build_scheduler(optimizer, 0, 3, "constant"),
+        {"cursor": 0},
+        keep_last=1,
+    )
     assert (folder / "adapter" / "adapter_config.json").exists()
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
     policy.eval()
@@ -75,8 +83,10 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     with torch.no_grad():
         assert torch.allclose(plain(x).logits, policy(x).logits, atol=1e-4)
     prompt, greedy = tokenizer.encode("What is 2+3?"), Sampling(temperature=0.0)
-    assert (HFEngine(policy, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
-            == HFEngine(plain, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids)  # fmt: skip
+    assert (
+        HFEngine(policy, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
+        == HFEngine(plain, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
+    )
 
 
 def test_lora_target_modules_that_match_nothing_is_a_config_error() -> None:
@@ -105,8 +115,15 @@ def _grouped_sequences(seed: int) -> tuple[list[list[int]], list[int]]:
 
 def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
     model.zero_grad()
-    logp, _, entropy = sequence_logprobs(model, sequences, 95, torch.device("cpu"), temperature=0.8,
-                                         entropy="loss", prompt_lens=prompt_lens if shared else None)  # fmt: skip
+    logp, _, entropy = sequence_logprobs(
+        model,
+        sequences,
+        95,
+        torch.device("cpu"),
+        temperature=0.8,
+        entropy="loss",
+        prompt_lens=prompt_lens if shared else None,
+    )
     response = torch.zeros_like(logp)
     for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
         response[i, start - 1 : len(seq) - 1] = 1
@@ -145,8 +162,10 @@ def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
     sequences, prompt_lens = _grouped_sequences(1)
     sequences = [[t % 200 for t in s] for s in sequences]
     torch.manual_seed(0)
-    policy = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_path()),
-                        ModelConfig(name_or_path="tiny", lora_rank=4, lora_alpha=8.0))  # fmt: skip
+    policy = apply_lora(
+        AutoModelForCausalLM.from_pretrained(tiny_model_path()),
+        ModelConfig(name_or_path="tiny", lora_rank=4, lora_alpha=8.0),
+    )
     for name, p in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)  # non-zero adapters, so that they change the logits

