@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from retool_cli.decontam import BenchmarkIndex, flagged, number_precision, openr1_flags
+from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision, openr1_flags
 
 FILLER = [
     "the",

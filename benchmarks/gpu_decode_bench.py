@@ -14,8 +14,8 @@ import time
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.hf_engine import HFEngine, Sampling
-from retool_cli.tiny import tiny_model_path
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
-from retool_cli.reward import Verifier
+from retool_cli.env.reward import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ import re
 import time
 from pathlib import Path
 
-from retool_cli.reward import Verifier
+from retool_cli.env.reward import Verifier
 
 PATHOLOGICAL = [
     ("10^{10^{10}}", "10^{10^{10}} + 1"),

@@ -88,11 +88,11 @@ class TimedReplay:
 
 def multiturn(model, tokenizer) -> None:
     from retool_cli.config import RolloutConfig, SandboxConfig
-    from retool_cli.data import MathExample
-    from retool_cli.protocol import TaggedProtocol
+    from retool_cli.data.dataset import MathExample
+    from retool_cli.env.protocol import TaggedProtocol
+    from retool_cli.env.sandbox import Sandbox
     from retool_cli.rollout.agent import run_rollouts
     from retool_cli.rollout.hf_engine import HFEngine
-    from retool_cli.sandbox import Sandbox
 
     examples = [MathExample(f"q{i}", f"What is {i}*{i + 1}?", str(i * (i + 1)), "bench") for i in range(4)]
     engine = TimedReplay(HFEngine(model, tokenizer), tokenizer)

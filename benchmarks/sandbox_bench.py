@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from retool_cli.config import Isolation, SandboxConfig
-from retool_cli.sandbox import Sandbox
+from retool_cli.env.sandbox import Sandbox
 
 WORKLOADS = {
     "trivial": "print(1 + 1)",

@@ -252,7 +252,7 @@ def eval_report(
 ) -> None:
     """Compare eval runs (e.g. the jobs of `retool eval -m ckpt=A,B,C`): a markdown table and a plot."""
     from retool_cli.errors import RetoolError
-    from retool_cli.report import write_report
+    from retool_cli.eval.report import write_report
 
     try:
         write_report(runs, out)

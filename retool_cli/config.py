@@ -65,7 +65,7 @@ class SyntheticConfig:
 
     num_examples: int = 2000  # problems generated before dedupe and the dev split
     difficulty: int = 1  # 1 (4-digit x 3-digit products, small exponents) .. 5 (much larger numbers)
-    # problem kinds to mix; see retool_cli/synthetic.py for the full list
+    # problem kinds to mix; see retool_cli/data/synthetic.py for the full list
     kinds: list[str] = field(default_factory=lambda: ["product", "modpow", "digit_sum_power", "divisor_count"])
 
 
@@ -239,7 +239,7 @@ class Advantage(enum.Enum):
 
 @dataclass
 class TrainerConfig:
-    """Optimisation of `retool train` (RL) and `retool sft`; what each step does is in retool_cli/rl.py."""
+    """Optimisation of `retool train` (RL) and `retool sft`; what each step does is in retool_cli/rl/step.py."""
 
     lr: float = 1e-6  # AdamW learning rate (the paper's 1e-6 at 7B-32B; the tiny smoke model takes 1e-4)
     weight_decay: float = 0.0  # AdamW weight decay
@@ -251,7 +251,7 @@ class TrainerConfig:
     epochs_per_batch: int = 1  # passes over each rollout batch (old logprobs recomputed once before them)
     mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
     micro_batch_tokens: int = 16384  # token budget of one forward/backward (sorted by length, no padding waste)
-    advantage: Advantage = Advantage.grpo  # grpo | dr_grpo | rloo (retool_cli/algorithms.py)
+    advantage: Advantage = Advantage.grpo  # grpo | dr_grpo | rloo (retool_cli/rl/algorithms.py)
     clip_low: float = 0.2  # PPO ratio clip below 1
     clip_high: float = 0.28  # PPO ratio clip above 1 (DAPO clip-higher)
     dual_clip: float | None = None  # bound the loss of negative advantages at dual_clip x |A| (e.g. 3.0); None = off
@@ -322,7 +322,7 @@ class Isolation(enum.Enum):
 
 @dataclass
 class SandboxConfig:
-    """The code interpreter (retool_cli/sandbox.py). Limits apply to each call."""
+    """The code interpreter (retool_cli/env/sandbox.py). Limits apply to each call."""
 
     isolation: Isolation = Isolation.auto  # auto | bwrap | rlimits (see Isolation)
     workers: int = 2  # warm worker processes = snippets run at the same time
@@ -390,7 +390,7 @@ class RewardFunction(enum.Enum):
 
 @dataclass
 class RewardConfig:
-    """The reward of a trajectory (retool_cli/reward.py); eval uses the same judge."""
+    """The reward of a trajectory (retool_cli/env/reward.py); eval uses the same judge."""
 
     function: RewardFunction = RewardFunction.correctness  # correctness | dapo_strict (see RewardFunction)
     answer_window_chars: int = 300  # the boxed answer must start within the final text's last N characters
@@ -496,7 +496,7 @@ class ShardConfig:
 
 @dataclass
 class PassRateConfig:
-    """`retool filter-pass-rate`: keep problems the current policy solves sometimes (retool_cli/commands)."""
+    """`retool filter-pass-rate`: keep problems the current policy solves sometimes (commands/filter_pass_rate.py)."""
 
     input: str | None = None  # a MathExample JSONL; None = the train split of the `data` section
     n_samples: int = 8  # samples per problem, through the training agent loop, protocol, tools and reward

@@ -83,7 +83,7 @@ def file_record(path: str) -> dict[str, Any]:
 def data_record(data: DataConfig) -> dict[str, Any]:
     """Where a data section's rows come from: a local copy (path, sha256), the hub (id, revision, the commit it
     resolves to, None offline), or the built-in generator (its settings decide the rows)."""
-    from retool_cli.data import resolve_hub_revision
+    from retool_cli.data.dataset import resolve_hub_revision
 
     if data.path:
         return {"source": data.source.value, **file_record(data.path)}

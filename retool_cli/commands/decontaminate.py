@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from retool_cli.config import CONF_DIR, BenchmarkConfig, RetoolConfig
-from retool_cli.data import MathExample, load_examples, prepare_dataset
-from retool_cli.decontam import BenchmarkIndex, flagged, number_precision
+from retool_cli.data.dataset import MathExample, load_examples, prepare_dataset
+from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision
 from retool_cli.errors import ConfigError
 from retool_cli.files import write_json, write_jsonl
 

@@ -13,8 +13,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
+from retool_cli.env.protocol import build_protocol, overlong_prompts
+from retool_cli.env.reward import Verifier
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
-from retool_cli.evaluation import (
+from retool_cli.eval.sampling import (
     eval_rollout,
     load_benchmark,
     resolve_checkpoint,
@@ -23,13 +26,10 @@ from retool_cli.evaluation import (
     training_step,
 )
 from retool_cli.files import write_json
-from retool_cli.modeling import load_model, load_tokenizer
-from retool_cli.protocol import build_protocol, overlong_prompts
+from retool_cli.model.loading import load_model, load_tokenizer
 from retool_cli.provenance import data_record, package_versions
-from retool_cli.reward import Verifier
 from retool_cli.rollout import build_engine
 from retool_cli.runs import config_key, find_resumable, setting_key, training_record, write_key
-from retool_cli.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

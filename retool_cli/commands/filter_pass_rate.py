@@ -16,16 +16,16 @@ import torch
 from rich.console import Console
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
-from retool_cli.data import MathExample, load_examples, load_jsonl, prepare_dataset
+from retool_cli.data.dataset import MathExample, load_examples, load_jsonl, prepare_dataset
+from retool_cli.env.protocol import build_protocol
+from retool_cli.env.reward import Verifier
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
-from retool_cli.evaluation import resolve_checkpoint, sample_problems
+from retool_cli.eval.sampling import resolve_checkpoint, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
-from retool_cli.modeling import load_model, load_tokenizer
-from retool_cli.protocol import build_protocol
-from retool_cli.reward import Verifier
+from retool_cli.model.loading import load_model, load_tokenizer
 from retool_cli.rollout import build_engine
 from retool_cli.runs import config_key, find_resumable, write_key
-from retool_cli.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

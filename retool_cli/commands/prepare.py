@@ -12,7 +12,7 @@ from rich.table import Table
 
 from retool_cli import __version__
 from retool_cli.config import RetoolConfig
-from retool_cli.data import PrepareStats, prepare_dataset
+from retool_cli.data.dataset import PrepareStats, prepare_dataset
 from retool_cli.files import sha256_file, write_json, write_jsonl
 
 log = logging.getLogger(__name__)

@@ -10,21 +10,13 @@ from pathlib import Path
 import torch
 
 from retool_cli.config import RetoolConfig
-from retool_cli.data import load_examples, prepare_dataset
+from retool_cli.data.dataset import load_examples, prepare_dataset
+from retool_cli.data.traces import message_traces, synthetic_traces
+from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
-from retool_cli.modeling import load_policy, load_tokenizer, training_precision
-from retool_cli.protocol import build_protocol
-from retool_cli.traces import message_traces, synthetic_traces
-from retool_cli.trainer import (
-    MetricsLog,
-    build_optimizer,
-    build_scheduler,
-    micro_batches,
-    plot_metrics,
-    response_mask_matrix,
-    save_checkpoint,
-    sequence_logprobs,
-)
+from retool_cli.model.loading import load_policy, load_tokenizer, training_precision
+from retool_cli.rl.checkpoints import MetricsLog, plot_metrics, save_checkpoint
+from retool_cli.rl.optim import build_optimizer, build_scheduler, micro_batches, response_mask_matrix, sequence_logprobs
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,21 @@ from rich.console import Console
 from rich.progress import Progress
 
 from retool_cli.config import Engine, ProtocolName, RetoolConfig
-from retool_cli.data import load_examples, prepare_dataset
-from retool_cli.distributed import (
+from retool_cli.data.dataset import load_examples, prepare_dataset
+from retool_cli.env.protocol import build_protocol, overlong_prompts
+from retool_cli.env.reward import Verifier
+from retool_cli.env.sandbox import Sandbox
+from retool_cli.errors import ConfigError, DataError
+from retool_cli.eval.sampling import (
+    eval_rollout,
+    resolve_checkpoint,
+    sample_problems,
+    summarize,
+)
+from retool_cli.faults import die_if_due
+from retool_cli.model.loading import load_policy, load_tokenizer, training_precision
+from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
+from retool_cli.rl.distributed import (
     barrier,
     full_state,
     full_weights,
@@ -25,31 +38,11 @@ from retool_cli.distributed import (
     launch_processes,
     shard,
 )
-from retool_cli.errors import ConfigError, DataError
-from retool_cli.evaluation import (
-    eval_rollout,
-    resolve_checkpoint,
-    sample_problems,
-    summarize,
-)
-from retool_cli.faults import die_if_due
-from retool_cli.modeling import load_policy, load_tokenizer, training_precision
-from retool_cli.protocol import build_protocol, overlong_prompts
-from retool_cli.reward import Verifier
-from retool_cli.rl import Timer, collect, step_metrics, update
+from retool_cli.rl.optim import build_optimizer, build_scheduler
+from retool_cli.rl.step import Timer, collect, step_metrics, update
 from retool_cli.rollout import build_engine
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key, find_resumable, write_key
-from retool_cli.sandbox import Sandbox
-from retool_cli.trainer import (
-    MetricsLog,
-    build_optimizer,
-    build_scheduler,
-    latest_checkpoint,
-    load_trainer_state,
-    plot_metrics,
-    save_checkpoint,
-)
 
 log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]

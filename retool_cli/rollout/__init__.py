@@ -15,7 +15,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
     checkpoint folder or hub id; default `model.name_or_path`): the policy's architecture and tokenizer.
     A trainer then syncs the policy's own weights into it before the first rollout."""
     if cfg.rollout.engine is Engine.vllm:
-        from retool_cli.modeling import model_path
+        from retool_cli.model.loading import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
 
         r = cfg.rollout
@@ -29,7 +29,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
             sleep_mode=r.vllm_enable_sleep_mode,
             kv_cache_gib=r.vllm_kv_cache_gib,
         )
-    from retool_cli.modeling import resolve_dtype
+    from retool_cli.model.loading import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine
 
     device = next(model.parameters()).device

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from retool_cli.config import RolloutConfig
-from retool_cli.data import MathExample
-from retool_cli.protocol import format_result
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import format_result
+from retool_cli.env.sandbox import SandboxError
 from retool_cli.rollout.hf_engine import Generation, Sampling
-from retool_cli.sandbox import SandboxError
 
 STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
 

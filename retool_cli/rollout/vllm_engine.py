@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from retool_cli.errors import ConfigError, RetoolError
-from retool_cli.modeling import check_torchvision, resolve_dtype
+from retool_cli.model.loading import check_torchvision, resolve_dtype
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class VLLMEngine:
         the files, not the policy) and after each optimizer step. A LoRA policy's adapters are merged in under
         the base model's names; an FSDP2 policy's shards are gathered one tensor at a time, as vLLM consumes
         them (every process iterates alike: gathering is a collective)."""
-        from retool_cli.modeling import is_lora, merged_state_dict
+        from retool_cli.model.loading import is_lora, merged_state_dict
 
         state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)})

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from retool_cli.algorithms import (
+from retool_cli.rl.algorithms import (
     aggregate,
     degenerate_groups,
     group_advantages,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retool_cli.batch import Batch
+from retool_cli.rl.batch import Batch
 
 
 def make(n: int = 4, width: int = 3) -> Batch:

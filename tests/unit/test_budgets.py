@@ -7,10 +7,10 @@ from transformers import AutoTokenizer
 
 from retool_cli.commands.train import drop_overlong_prompts
 from retool_cli.config import ProtocolConfig
-from retool_cli.data import MathExample
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import build_protocol, overlong_prompts
 from retool_cli.errors import DataError
-from retool_cli.protocol import build_protocol, overlong_prompts
-from retool_cli.tiny import tiny_model_path
+from retool_cli.model.tiny import tiny_model_path
 
 
 def test_overlong_prompts_are_dropped_and_counted(caplog: pytest.LogCaptureFixture) -> None:

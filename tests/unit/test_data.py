@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retool_cli.config import ColumnsConfig, DataConfig, DataSource
-from retool_cli.data import (
+from retool_cli.data.dataset import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     MathExample,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retool_cli.decontam import (
+from retool_cli.data.decontam import (
     BenchmarkIndex,
     flagged,
     ngram_hashes,

@@ -10,13 +10,13 @@ import torch
 import torch.multiprocessing as mp
 
 from retool_cli.config import LossAgg, RetoolConfig
-from retool_cli.data import MathExample
-from retool_cli.distributed import full_state, shard
-from retool_cli.rl import rollout_batch, update
+from retool_cli.data.dataset import MathExample
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl.distributed import full_state, shard
+from retool_cli.rl.optim import build_scheduler
+from retool_cli.rl.step import rollout_batch, update
 from retool_cli.rollout.agent import Trajectory
 from retool_cli.rollout.vllm_engine import whole_tensors
-from retool_cli.tiny import tiny_model_path
-from retool_cli.trainer import build_scheduler
 
 
 def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import sympy
 
-from retool_cli.judge import candidate_count, hedged, is_text, read_answer
-from retool_cli.reward import Verifier
+from retool_cli.env.judge import candidate_count, hedged, is_text, read_answer
+from retool_cli.env.reward import Verifier
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CASES = [json.loads(line) for line in (DATA / "judge_cases.jsonl").read_text(encoding="utf-8").splitlines()]

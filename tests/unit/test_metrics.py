@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from retool_cli.metrics import avg_at_k, k_values, majority_answer, pass_at_k
+from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> Non
 
 def test_resolve_checkpoint_and_step(tmp_path) -> None:
     from retool_cli.errors import ConfigError
-    from retool_cli.evaluation import resolve_checkpoint, training_step
+    from retool_cli.eval.sampling import resolve_checkpoint, training_step
 
     for step in (5, 100, 20):
         folder = tmp_path / "run" / "checkpoints" / f"step_{step}"

@@ -10,7 +10,7 @@ import torch
 
 from retool_cli.config import Engine, RetoolConfig
 from retool_cli.errors import ConfigError
-from retool_cli.modeling import training_precision
+from retool_cli.model.loading import training_precision
 from retool_cli.rollout import vllm_dtype
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retool_cli.report import write_report
+from retool_cli.eval.report import write_report
 
 
 def fake_run(root: Path, setting: str, step: int | None, seed: int, accuracy: float, se: float = 0.02) -> None:

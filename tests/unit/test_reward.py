@@ -8,7 +8,7 @@ import time
 import pytest
 
 from retool_cli.config import RewardConfig, RewardFunction
-from retool_cli.reward import (
+from retool_cli.env.reward import (
     Verifier,
     answer_text,
     exact_number,
@@ -233,7 +233,7 @@ def test_score_batch_is_deterministic_and_metrics(verifier: Verifier) -> None:
 TWO_STAGE_CHECK = r"""
 import json, sys
 from latex2sympy2_extended.latex2sympy2 import latex2sympy
-from retool_cli.judge import install_two_stage_latex_parsing
+from retool_cli.env.judge import install_two_stage_latex_parsing
 
 def parsed(text):
     try:

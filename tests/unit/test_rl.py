@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_cli.config import ProtocolConfig, ProtocolName, RetoolConfig
-from retool_cli.data import MathExample
-from retool_cli.protocol import build_protocol
-from retool_cli.reward import Verifier
-from retool_cli.rl import collect, step_metrics, update
-from retool_cli.tiny import tiny_model_path
-from retool_cli.trainer import build_optimizer, build_scheduler
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import build_protocol
+from retool_cli.env.reward import Verifier
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl.optim import build_optimizer, build_scheduler
+from retool_cli.rl.step import collect, step_metrics, update
 from tests.scripted import ScriptedEngine
 
 EOS = "<|im_end|>"
@@ -78,7 +78,7 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
 def test_entropy_metric_and_bonus(tokenizer) -> None:
     """train/entropy is the token-weighted mean entropy over the model's tokens (tool tokens excluded); with
     equal rewards (zero advantages) only trainer.entropy_coef moves the weights, and it raises the entropy."""
-    from retool_cli.rl import rollout_batch
+    from retool_cli.rl.step import rollout_batch
     from retool_cli.rollout.agent import Trajectory
 
     torch.manual_seed(0)
@@ -120,7 +120,7 @@ def test_entropy_metric_and_bonus(tokenizer) -> None:
 def test_rollout_metrics_of_several_rounds_merge() -> None:
     """Times add up, per-trajectory means are weighted by each round's trajectories, throughput is tokens over
     all generation time."""
-    from retool_cli.rl import _merge_round_metrics, rollout_batch
+    from retool_cli.rl.step import _merge_round_metrics, rollout_batch
     from retool_cli.rollout.agent import Trajectory
 
     def round_of(n: int, metrics: dict) -> object:

@@ -10,9 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_cli.config import Isolation, ProtocolConfig, ProtocolName, RolloutConfig, SandboxConfig
-from retool_cli.data import MathExample
-from retool_cli.errors import ConfigError
-from retool_cli.protocol import (
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import (
     ChatToolProtocol,
     TaggedProtocol,
     build_protocol,
@@ -22,10 +21,11 @@ from retool_cli.protocol import (
     parse_chat_call,
     parse_tagged_call,
 )
+from retool_cli.env.sandbox import ExecResult, Sandbox
+from retool_cli.errors import ConfigError
+from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
-from retool_cli.sandbox import ExecResult, Sandbox
-from retool_cli.tiny import tiny_model_path
 from tests.scripted import ScriptedEngine
 
 EOS = "<|im_end|>"
@@ -254,7 +254,7 @@ def test_chat_tool_loop(tokenizer, sandbox) -> None:
 
 
 def test_sandbox_infrastructure_failure_stops_the_batch(tokenizer, sandbox, monkeypatch) -> None:
-    from retool_cli.sandbox import SandboxError
+    from retool_cli.env.sandbox import SandboxError
 
     broken = [ExecResult("", "", "killed", 0.0, "worker died", None, False, True)] * 4
     monkeypatch.setattr(sandbox, "run_many", lambda codes: broken[: len(codes)])

@@ -1,6 +1,6 @@
 """Adversarial suite for the code interpreter, run under each isolation mode available here.
 
-Every guarantee of retool_cli/sandbox.py has a case: hostile snippets must fail inside the call,
+Every guarantee of retool_cli/env/sandbox.py has a case: hostile snippets must fail inside the call,
 leave nothing behind, and never harm this (the host) process.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from retool_cli.config import Isolation, SandboxConfig
-from retool_cli.sandbox import Sandbox, SandboxError, _descendants, bwrap_usable
+from retool_cli.env.sandbox import Sandbox, SandboxError, _descendants, bwrap_usable
 
 BWRAP_OK, BWRAP_WHY = bwrap_usable()
 MODES = [
@@ -372,7 +372,7 @@ def test_run_many_from_threads_and_stats(sandbox: Sandbox) -> None:
 
 
 def test_bwrap_required_but_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("retool_cli.sandbox.shutil.which", lambda name: None)
+    monkeypatch.setattr("retool_cli.env.sandbox.shutil.which", lambda name: None)
     with pytest.raises(SandboxError, match="sandbox.isolation=rlimits"):
         Sandbox(config(Isolation.bwrap))
 

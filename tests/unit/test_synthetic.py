@@ -9,8 +9,8 @@ import pytest
 import sympy
 
 from retool_cli.config import SyntheticConfig
+from retool_cli.data.synthetic import KINDS, generate
 from retool_cli.errors import ConfigError
-from retool_cli.synthetic import KINDS, generate
 
 
 def recompute(question: str) -> int:

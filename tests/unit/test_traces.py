@@ -8,13 +8,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from retool_cli.config import Isolation, SandboxConfig, SyntheticConfig
-from retool_cli.data import MathExample
+from retool_cli.data.dataset import MathExample
+from retool_cli.data.synthetic import KINDS, generate, solution_code
+from retool_cli.data.traces import dump_messages, message_traces, synthetic_traces
+from retool_cli.env.protocol import TaggedProtocol
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
-from retool_cli.protocol import TaggedProtocol
-from retool_cli.sandbox import Sandbox
-from retool_cli.synthetic import KINDS, generate, solution_code
-from retool_cli.tiny import tiny_model_path
-from retool_cli.traces import dump_messages, message_traces, synthetic_traces
+from retool_cli.model.tiny import tiny_model_path
 
 
 @pytest.fixture(scope="module")

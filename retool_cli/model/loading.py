@@ -67,7 +67,7 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
 
 def model_path(cfg: ModelConfig) -> str:
     if cfg.name_or_path == "tiny":
-        from retool_cli.tiny import tiny_model_path
+        from retool_cli.model.tiny import tiny_model_path
 
         return str(tiny_model_path())
     return cfg.name_or_path

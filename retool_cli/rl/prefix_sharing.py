@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from retool_cli.distributed import is_sharded
+from retool_cli.rl.distributed import is_sharded
 from retool_cli.rollout.kv_decoder import supports
 
 

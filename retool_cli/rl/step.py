@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from retool_cli.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
-from retool_cli.batch import Batch
 from retool_cli.config import RetoolConfig
-from retool_cli.data import MathExample, take_batch
-from retool_cli.distributed import (
+from retool_cli.data.dataset import MathExample, take_batch
+from retool_cli.env.reward import Verifier, reward_metrics, score_batch
+from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
+from retool_cli.rl.batch import Batch
+from retool_cli.rl.distributed import (
     all_reduce_gradients,
     all_reduce_sum,
     equal_count,
@@ -27,9 +28,8 @@ from retool_cli.distributed import (
     is_sharded,
     world,
 )
-from retool_cli.reward import Verifier, reward_metrics, score_batch
+from retool_cli.rl.optim import micro_batches, response_mask_matrix, sequence_logprobs
 from retool_cli.rollout.agent import Trajectory, run_rollouts
-from retool_cli.trainer import micro_batches, response_mask_matrix, sequence_logprobs
 
 
 def rollout_batch(

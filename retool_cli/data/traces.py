@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retool_cli.data import MathExample, _parse_json_line
+from retool_cli.data.dataset import MathExample, _parse_json_line
+from retool_cli.data.synthetic import solution_code
 from retool_cli.errors import DataError
-from retool_cli.synthetic import solution_code
 
 
 @dataclass

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.config import RetoolConfig, RewardFunction, RolloutConfig, SplitPart
-from retool_cli.data import MathExample, prepare_dataset
+from retool_cli.data.dataset import MathExample, prepare_dataset
+from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.errors import ConfigError, DataError
+from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
-from retool_cli.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
-from retool_cli.reward import Verifier, score_batch
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
 
 log = logging.getLogger(__name__)

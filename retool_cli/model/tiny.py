@@ -91,7 +91,7 @@ def tiny_model_path(spec: dict | None = None) -> Path:
 def training_corpus(seed: int, n: int = 1800) -> list[str]:
     """Text in the shapes the model will see: questions, code, interpreter output, boxed answers."""
     from retool_cli.config import SyntheticConfig
-    from retool_cli.synthetic import KINDS, generate
+    from retool_cli.data.synthetic import KINDS, generate
 
     rng = random.Random(seed)
     lines = []

@@ -354,7 +354,7 @@ def prepare_dataset(
 ) -> tuple[list[MathExample], list[MathExample], PrepareStats]:
     """Source -> cleaned, deduplicated (train, dev) examples and the counts behind them. `path_key`: the config
     key of a local copy of this source, for error messages."""
-    from retool_cli.synthetic import generate_rows
+    from retool_cli.data.synthetic import generate_rows
 
     stats = PrepareStats()
     if cfg.source is DataSource.synthetic and not cfg.path:

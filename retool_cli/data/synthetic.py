@@ -134,7 +134,7 @@ def solution_code(question: str) -> str:
 
 def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator:
     """Generated problems as source rows, so they go through the same cleaning and dedupe as files."""
-    from retool_cli.data import RawRow
+    from retool_cli.data.dataset import RawRow
 
     for index, (example_id, question, answer) in enumerate(generate(cfg, seed)):
         yield RawRow(f"{name} item {index}", {"id": example_id, "problem": question, "answer": answer})

@@ -1,0 +1,246 @@
+"""How the model and the interpreter talk: prompts, tool-call formats, parsing turns, rendering results.
+
+Three protocols, one interface (`prompt_ids`, `stop_strings`, `parse_call`, `result_ids`):
+
+- `retool_tags` (the paper's): the model writes <code>```python ...```</code>; generation stops at
+  </code>; the result is appended as <interpreter>...</interpreter> and the same assistant turn goes on.
+- `chat_tool`: native tool calling through the tokenizer's chat template, one tool
+  `code_interpreter(code)`, Hermes/Qwen2.5 JSON calls or Qwen3.5 XML-parameter calls. Only new segments
+  are rendered (close of the turn, tool message, next assistant header), from a template probed once with
+  placeholders; a template that rewrites earlier turns is refused at start-up.
+- `none`: text only (the baseline without a tool).
+
+Token-in, token-out: the loop appends these ids to the ids it sampled; history is never re-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from retool_cli.config import ProtocolConfig, ProtocolName
+from retool_cli.errors import ConfigError
+
+TOOL_NAME = "code_interpreter"
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Run Python code in a fresh interpreter and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source; print what you need."}},
+            "required": ["code"],
+        },
+    },
+}
+PROTOCOL_TAGS = [
+    "<code>",
+    "</code>",
+    "<interpreter>",
+    "</interpreter>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
+
+
+@dataclass
+class ToolCall:
+    code: str | None  # the code to run, or None when the call is malformed
+    error: str = ""  # what is wrong with a malformed call, phrased for the model
+
+
+# ------------------------------------------------------------------ tool results as text
+
+
+def neutralize(text: str, tokenizer: Any) -> str:
+    """Printed text must never close a turn or open a fake one: break every special token and protocol tag
+    the tokenizer would otherwise read as one ("<|im_end|>" -> "< |im_end|>")."""
+    dangerous = set(PROTOCOL_TAGS) | set(getattr(tokenizer, "all_special_tokens", []))
+    dangerous |= {t for t in getattr(tokenizer, "get_added_vocab", dict)() if t.startswith("<")}
+    for token in sorted(dangerous, key=len, reverse=True):
+        if token and token in text:
+            text = text.replace(token, token[0] + " " + token[1:])
+    return text
+
+
+def format_result(result: Any, tokenizer: Any, max_tokens: int) -> str:
+    """An ExecResult as the text the model reads: output, or the error's last lines, or why it was stopped;
+    capped to `max_tokens` with the head and tail kept."""
+    if getattr(result, "infra_error", False):
+        text = "Error: the interpreter failed to run this code (sandbox failure). Try again."
+    elif result.status == "timeout":
+        # Which clock stopped it (CPU or wall) and how much it printed before depend on the machine's load, so
+        # neither reaches the model: the same seed must give the same trajectories.
+        text = "TimeoutError: stopped (time limit exceeded)."
+    elif result.status == "killed":
+        text = (result.stdout + "\n" if result.stdout else "") + f"Killed: {result.reason}."
+    elif result.status == "error":
+        tail = "\n".join(result.stderr.strip().splitlines()[-12:]) or result.reason
+        text = (result.stdout + "\n" if result.stdout else "") + tail
+    else:
+        text = result.stdout if result.stdout.strip() else "(no output: print the values you need)"
+    return cap_tokens(neutralize(text.rstrip("\n"), tokenizer), tokenizer, max_tokens)
+
+
+def cap_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    keep = max(1, max_tokens - 16) // 2
+    head, tail = tokenizer.decode(ids[:keep]), tokenizer.decode(ids[-keep:])
+    return f"{head}\n...[{len(ids) - 2 * keep} tokens cut]...\n{tail}"
+
+
+# ------------------------------------------------------------------ parsing calls
+
+_FENCE = re.compile(r"```(?:python|py)?\s*\n?(.*?)```", re.DOTALL)
+_XML_CALL = re.compile(r"<function=([\w.-]+)>\s*(.*?)\s*(?:</function>|$)", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([\w.-]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _code_from_block(block: str) -> str:
+    fenced = _FENCE.search(block)
+    return (fenced.group(1) if fenced else block).strip("\n")
+
+
+def parse_tagged_call(turn_text: str) -> ToolCall:
+    """The code of the last <code>...</code> block of a turn that stopped at </code>."""
+    start = turn_text.rfind("<code>")
+    end = turn_text.rfind("</code>")
+    if start < 0 or end < start:
+        return ToolCall(None, "Error: a code block must start with <code> and end with </code>.")
+    code = _code_from_block(turn_text[start + len("<code>") : end])
+    return ToolCall(code) if code.strip() else ToolCall(None, "Error: the code block is empty.")
+
+
+def parse_chat_call(turn_text: str) -> ToolCall:
+    """A Hermes JSON call or a Qwen3.5 XML-parameter call of code_interpreter, from a turn ending in </tool_call>."""
+    start = turn_text.rfind("<tool_call>")
+    end = turn_text.rfind("</tool_call>")
+    if start < 0 or end < start:
+        return ToolCall(None, "Error: a tool call must be wrapped in <tool_call>...</tool_call>.")
+    body = turn_text[start + len("<tool_call>") : end].strip()
+    xml = _XML_CALL.search(body)
+    if xml:
+        name, params = xml.group(1), dict(_XML_PARAM.findall(xml.group(2)))
+        arguments: Any = params
+    else:
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError as exc:
+            return ToolCall(None, f"Error: the tool call is not valid JSON ({exc.msg}).")
+        if not isinstance(call, dict):
+            return ToolCall(None, "Error: the tool call must be a JSON object with name and arguments.")
+        name, arguments = call.get("name"), call.get("arguments", {})
+        if isinstance(arguments, str):  # some models double-encode the arguments
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                arguments = {"code": arguments}
+    if name != TOOL_NAME:
+        return ToolCall(None, f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}.")
+    code = arguments.get("code") if isinstance(arguments, dict) else None
+    if not isinstance(code, str) or not code.strip():
+        return ToolCall(None, f"Error: {TOOL_NAME} needs a non-empty string argument 'code'.")
+    return ToolCall(_code_from_block(code) if "```" in code else code)
+
+
+# ------------------------------------------------------------------ the protocols
+
+
+class TaggedProtocol:
+    """`retool_tags`, and `none` (the same prompt without the tool: no stop string, no calls)."""
+
+    def __init__(self, tokenizer: Any, system_prompt: str, use_tool: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.use_tool = use_tool
+        self.stop_strings = ["</code>"] if use_tool else []
+
+    def prompt_ids(self, question: str) -> list[int]:
+        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
+        return _template_ids(self.tokenizer, messages, add_generation_prompt=True)
+
+    def parse_call(self, turn_text: str) -> ToolCall:
+        return parse_tagged_call(turn_text)
+
+    def result_ids(self, result_text: str) -> list[int]:
+        return self.tokenizer.encode(f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False)
+
+
+class ChatToolProtocol:
+    """`chat_tool`: the tokenizer's own template with one tool; new segments only."""
+
+    _CODE, _RESULT = "RETOOL_PLACEHOLDER_CODE_7f3a", "RETOOL_PLACEHOLDER_RESULT_7f3a"
+
+    def __init__(self, tokenizer: Any, system_prompt: str) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.stop_strings = ["</tool_call>"]
+        self._before, self._after = self._probe_template()
+
+    def _messages(self, question: str) -> list[dict]:
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _probe_template(self) -> tuple[str, str]:
+        """Render a conversation with placeholders, check each step only appends, return the text that
+        follows a model's tool call up to the next assistant header, split at the result."""
+        base = self._messages("Q")
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": self._CODE}}}],
+        }
+        prompt = self._render(base, True)
+        with_call = self._render([*base, call], False)
+        with_result = self._render([*base, call, {"role": "tool", "content": self._RESULT}], True)
+        end_of_call = with_call.rfind("</tool_call>")
+        if not (with_call.startswith(prompt) and with_result.startswith(with_call)) or end_of_call < 0:
+            raise ConfigError(
+                "protocol=chat_tool: this tokenizer's chat template is not prefix-preserving (rendering a tool "
+                "call or result rewrites earlier text, e.g. templates that drop earlier reasoning) or does not "
+                "render <tool_call> blocks; continuing from sampled tokens would diverge from what the model saw. "
+                "Use protocol=retool_tags with this model."
+            )
+        segment = with_result[end_of_call + len("</tool_call>") :]
+        before, _, after = segment.partition(self._RESULT)
+        return before, after
+
+    def prompt_ids(self, question: str) -> list[int]:
+        return self.tokenizer.encode(self._render(self._messages(question), True), add_special_tokens=False)
+
+    def parse_call(self, turn_text: str) -> ToolCall:
+        return parse_chat_call(turn_text)
+
+    def result_ids(self, result_text: str) -> list[int]:
+        return self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False)
+
+
+def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | ChatToolProtocol:
+    if cfg.name is ProtocolName.chat_tool:
+        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt)
+    if cfg.name is ProtocolName.none:
+        return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
+    return TaggedProtocol(tokenizer, cfg.system_prompt)
+
+
+def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list, max_tokens: int) -> list:
+    """The examples whose templated prompt is longer than `max_tokens` (rollout.max_prompt_tokens)."""
+    return [ex for ex in examples if len(protocol.prompt_ids(ex.question)) > max_tokens]

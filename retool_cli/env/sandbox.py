@@ -1,0 +1,434 @@
+"""The code interpreter: a pool of warm, jailed workers that run model-written Python safely and fast.
+
+    Sandbox.run_many(codes) --one thread per worker--> _Worker.call(request)
+      --length-prefixed JSON over pipes--> sandbox_worker.py (inside bubblewrap, or plain under rlimits)
+      --fork--> child: setsid, limits, drop to an unprivileged uid, run the snippet, exit
+      <-- ExecResult(stdout, stderr, status, duration_s, reason, exit_code, truncated)
+
+Isolation `bwrap`: no network (own network namespace), a private size-limited /tmp, a fresh /proc of
+its own pid namespace, the system and the interpreter read-only, no project files, no home
+directories, an empty environment, and (when started as root) every snippet as an unprivileged uid
+that cannot signal or trace the worker. Isolation `rlimits` (where bubblewrap is unavailable): the
+same limits, scrubbed environment and scratch folder, but no filesystem or network isolation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import queue
+import selectors
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+from retool_cli.config import Isolation, SandboxConfig
+from retool_cli.errors import RetoolError
+
+log = logging.getLogger(__name__)
+
+WORKER_SCRIPT = Path(__file__).with_name("sandbox_worker.py")
+STATUSES = ("ok", "error", "timeout", "killed")
+_SNIPPET_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+_uid_blocks = itertools.count()  # each Sandbox of this process gets its own range of snippet uids
+_warned_rlimits = False
+
+
+class SandboxError(RetoolError):
+    """The sandbox itself is broken (cannot start a worker, bubblewrap refused): not the snippet's fault."""
+
+
+@dataclass
+class ExecResult:
+    stdout: str
+    stderr: str
+    status: str  # ok | error (exception, non-zero exit) | timeout (wall or CPU) | killed (memory, output, signal)
+    duration_s: float
+    reason: str = ""  # why it was not ok, in words ("memory limit exceeded", "killed by signal SIGSEGV", ...)
+    exit_code: int | None = None
+    truncated: bool = False  # output was cut at sandbox.max_output_bytes
+    infra_error: bool = False  # the worker died or hung: counted separately from the snippet's own errors
+
+
+# ------------------------------------------------------------------ isolation
+
+
+def bwrap_usable() -> tuple[bool, str]:
+    """Whether bubblewrap can start a jail here (installed, namespaces allowed); the reason if not."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False, "bubblewrap (bwrap) is not installed"
+    probe = subprocess.run(
+        [exe, *_namespace_flags(), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+        capture_output=True,
+        text=True,
+        env={},
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
+    return True, ""
+
+
+def resolve_isolation(requested: Isolation) -> Isolation:
+    global _warned_rlimits
+    if requested is Isolation.rlimits:
+        return requested
+    usable, why = bwrap_usable()
+    if usable:
+        return Isolation.bwrap
+    if requested is Isolation.bwrap:
+        raise SandboxError(f"sandbox.isolation=bwrap but {why}; install bubblewrap or set sandbox.isolation=rlimits")
+    if not _warned_rlimits:
+        log.warning(  # loud on purpose: a silently weaker sandbox is how tool RL quietly goes wrong
+            "SANDBOX IS NOT JAILED: %s. Falling back to sandbox.isolation=rlimits: limits, scrubbed environment and "
+            "scratch folder only; snippets can read world-readable files and reach the network.",
+            why,
+        )
+        _warned_rlimits = True
+    return Isolation.rlimits
+
+
+def _namespace_flags() -> list[str]:
+    # As root, no user namespace: the jail's root can then drop to a real unprivileged uid (a user
+    # namespace would map only uid 0). As a normal user, a user namespace is what makes bwrap work.
+    if os.geteuid() == 0:
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    return ["--unshare-all", "--cap-drop", "ALL"]
+
+
+def _site_dirs(modules: list[str]) -> list[str]:
+    """The folders (outside the interpreter's own prefix) that hold the preloaded packages."""
+    base = os.path.realpath(sys.base_prefix)
+    dirs: list[str] = []
+    for name in modules:
+        spec = find_spec(name)
+        if spec is None:
+            raise SandboxError(f"sandbox.preload: module {name!r} is not installed")
+        if spec.origin in (None, "built-in", "frozen"):
+            continue
+        location = os.path.realpath(spec.origin)
+        top = (
+            os.path.dirname(location)
+            if spec.submodule_search_locations is None
+            else os.path.dirname(os.path.dirname(location))
+        )
+        if not top.startswith(base + os.sep) and top not in dirs:
+            dirs.append(top)
+    return dirs
+
+
+def _bwrap_command(config: SandboxConfig, setup: dict) -> list[str]:
+    base = os.path.realpath(sys.base_prefix)
+    exe = os.path.realpath(sys.executable)
+    in_usr = base == "/usr" or base.startswith("/usr/")
+    py_root = base if in_usr else "/opt/python"
+    # No --die-with-parent: its parent-death signal fires when the *thread* that started bwrap exits.
+    # The worker exits on EOF of its request pipe instead, which also happens when the host dies.
+    cmd = ["env", "-i", shutil.which("bwrap") or "bwrap", *_namespace_flags(), "--new-session"]
+    cmd += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    cmd += ["--perms", "0755", "--dir", "/opt", "--perms", "0755", "--dir", "/opt/site"]
+    if not in_usr:
+        cmd += ["--ro-bind", base, py_root]
+    for i, site in enumerate(setup["host_site_dirs"]):
+        cmd += ["--ro-bind", site, f"/opt/site/{i}"]
+    cmd += ["--ro-bind", str(WORKER_SCRIPT), "/opt/retool_worker.py"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--size", str(config.scratch_mb << 20), "--tmpfs", "/dev/shm"]
+    cmd += ["--perms", "1777", "--size", str(config.scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    cmd += ["--clearenv", "--setenv", "LD_LIBRARY_PATH", f"{py_root}/lib"]
+    for key, value in _SNIPPET_ENV.items():
+        cmd += ["--setenv", key, value]
+    if os.geteuid() == 0:
+        # The worker keeps only what it needs to drop each child to another uid and clean up after it.
+        caps = "-all,+setuid,+setgid,+kill,+dac_override,+fowner,+chown"
+        cmd += ["--", shutil.which("setpriv") or "setpriv", "--no-new-privs", f"--bounding-set={caps}"]
+    else:
+        cmd += ["--"]
+    jail_exe = exe if in_usr else os.path.join(py_root, os.path.relpath(exe, base))
+    jail_setup = {
+        **setup,
+        "sys_path": [f"/opt/site/{i}" for i in range(len(setup["host_site_dirs"]))],
+        "scratch_root": "/tmp",
+        "clean_dirs": ["/dev/shm"],
+    }
+    return [*cmd, jail_exe, "-s", "-E", "-B", "/opt/retool_worker.py", json.dumps(jail_setup)]
+
+
+# ------------------------------------------------------------------ one worker
+
+
+class _Worker:
+    """One warm worker process and the pipes to it. Used by one thread at a time."""
+
+    def __init__(self, config: SandboxConfig, isolation: Isolation, uid: int | None) -> None:
+        self.config, self.isolation, self.uid = config, isolation, uid
+        self.proc: subprocess.Popen | None = None
+        self._scratch: str | None = None
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        cfg = self.config
+        site_dirs = _site_dirs(cfg.preload)
+        setup = {
+            "preload": cfg.preload,
+            "warmup": cfg.warmup,
+            "host_site_dirs": site_dirs,
+            "uid": self.uid,
+            "env": _SNIPPET_ENV,
+            "seed": cfg.seed,
+            "timeout_s": cfg.timeout_s,
+            "limits": {
+                "memory_bytes": cfg.memory_mb << 20,
+                "cpu_time_s": cfg.cpu_time_s,
+                "max_file_bytes": cfg.max_file_mb << 20,
+                "max_open_files": cfg.max_open_files,
+                "max_processes": cfg.max_processes,
+                "max_output_bytes": cfg.max_output_bytes,
+            },
+        }
+        if self.isolation is Isolation.bwrap:
+            cmd = _bwrap_command(self.config, setup)
+        else:
+            self._scratch = tempfile.mkdtemp(prefix="retool-sandbox-")
+            os.chmod(self._scratch, 0o711)  # the snippet's uid may enter its own call folder, nothing else
+            setup = {**setup, "sys_path": site_dirs, "scratch_root": self._scratch, "clean_dirs": []}
+            cmd = [os.path.realpath(sys.executable), "-s", "-E", "-B", str(WORKER_SCRIPT), json.dumps(setup)]
+        env = dict(_SNIPPET_ENV) if self.isolation is Isolation.rlimits else None
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=self._scratch or "/",
+            start_new_session=True,
+        )
+
+    def wait_ready(self) -> None:
+        ready = self._receive(time.monotonic() + self.config.start_timeout_s)
+        if not ready or not ready.get("ready"):
+            self.stop()
+            raise SandboxError(
+                f"a sandbox worker ({self.isolation.value}) failed to start within "
+                f"{self.config.start_timeout_s:.0f} s; "
+                "its error output is above"
+            )
+
+    def call(self, code: str) -> ExecResult:
+        """Run one snippet. A dead or hung worker gives an infra_error result and is restarted."""
+        started = time.monotonic()
+        try:
+            if self.proc is None or self.proc.poll() is not None:
+                self.start()
+            self._send({"code": code})
+            reply = self._receive(started + self.config.timeout_s + 10.0)  # the worker enforces timeout_s itself
+        except (OSError, ValueError):
+            reply = None
+        if reply is None or "infra_error" in reply:
+            detail = "sandbox worker died or stopped answering" if reply is None else reply["infra_error"]
+            self.stop()
+            return ExecResult("", "", "killed", time.monotonic() - started, detail, None, False, infra_error=True)
+        return ExecResult(
+            reply["stdout"],
+            reply["stderr"],
+            reply["status"],
+            reply["duration_s"],
+            reply["reason"],
+            reply["exit_code"],
+            reply["truncated"],
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            for pid in [
+                self.proc.pid,
+                *_descendants(self.proc.pid),
+            ]:  # bwrap, the jail's init, worker, snippet
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()  # type: ignore[union-attr]
+            self.proc = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+    def _send(self, message: dict) -> None:
+        body = json.dumps(message).encode()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+        self.proc.stdin.flush()
+
+    def _receive(self, deadline: float) -> dict | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        header = _read_exact(fd, 4, deadline)
+        body = None if header is None else _read_exact(fd, struct.unpack(">I", header)[0], deadline)
+        return None if body is None else json.loads(body)
+
+
+def _world_readable(path: str) -> bool:
+    """Whether every folder down to `path` lets other users in."""
+    path = os.path.realpath(path)
+    while True:
+        if not os.stat(path).st_mode & 0o001:
+            return False
+        if path == os.path.dirname(path):
+            return True
+        path = os.path.dirname(path)
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{task}/children") as handle:
+                children = [int(child) for child in handle.read().split()]
+                found += children
+                frontier += children
+    return found
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
+    chunks, remaining = [], n
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while remaining:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or not selector.select(timeout):
+                return None
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+# ------------------------------------------------------------------ the pool
+
+
+class Sandbox:
+    """Run Python snippets safely. Use as a context manager (or call close()).
+
+    with Sandbox() as sandbox:
+        results = sandbox.run_many(["print(2**100)", "import sympy; sympy.factorint(2**64 - 1)"])
+    """
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self.isolation = resolve_isolation(self.config.isolation)
+        block = next(_uid_blocks) * self.config.workers
+        root = os.geteuid() == 0
+        if root and self.isolation is Isolation.rlimits and not _world_readable(sys.base_prefix):
+            log.warning(
+                "sandbox: snippets run as an unprivileged uid that cannot read %s; only the modules in "
+                "sandbox.preload can be imported (use bwrap isolation, or a world-readable Python)",
+                os.path.realpath(sys.base_prefix),
+            )
+        self._workers = [
+            _Worker(self.config, self.isolation, self.config.uid_base + block + i if root else None)
+            for i in range(self.config.workers)
+        ]
+        for worker in self._workers:  # start them side by side: launch all, then wait for each
+            worker.launch()
+        try:
+            for worker in self._workers:
+                worker.wait_ready()
+        except SandboxError:
+            for worker in self._workers:
+                worker.stop()
+            raise
+        self._free: queue.Queue[_Worker] = queue.Queue()
+        for worker in self._workers:
+            self._free.put(worker)
+        self._pool = ThreadPoolExecutor(len(self._workers), thread_name_prefix="sandbox")
+        self._lock = threading.Lock()
+        self.reset_stats()
+
+    def run(self, code: str) -> ExecResult:
+        worker = self._free.get()
+        try:
+            result = worker.call(code)
+        finally:
+            self._free.put(worker)
+        self._record(result)
+        return result
+
+    def run_many(self, codes: list[str]) -> list[ExecResult]:
+        """Run snippets concurrently over the workers; results in input order."""
+        return list(self._pool.map(self.run, codes))
+
+    # -- health: callers read per-batch numbers and reset them
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._counts: Counter[str] = Counter()
+            self._latencies: list[float] = []
+
+    def stats(self) -> dict[str, float]:
+        """Counts per status, infra errors (worker deaths/hangs), rates and latency since the last reset."""
+        with self._lock:
+            counts, latencies = Counter(self._counts), sorted(self._latencies)
+        total = sum(counts[s] for s in STATUSES)
+        out: dict[str, float] = {
+            "calls": total,
+            **{s: counts[s] for s in STATUSES},
+            "infra_errors": counts["infra"],
+        }
+        out["infra_error_rate"] = counts["infra"] / total if total else 0.0
+        out["latency_p50_s"] = latencies[len(latencies) // 2] if latencies else 0.0
+        out["latency_p95_s"] = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else 0.0
+        return out
+
+    def _record(self, result: ExecResult) -> None:
+        with self._lock:
+            self._counts[result.status] += 1
+            self._counts["infra"] += result.infra_error
+            self._latencies.append(result.duration_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for worker in self._workers:
+            worker.stop()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,155 @@
+"""What a run keeps on disk: checkpoints (HF safetensors + optimizer, scheduler, RNG and data cursor) for an
+exact resume, and the metrics log (metrics.jsonl, TensorBoard, W&B) with its plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retool_cli.errors import ConfigError
+from retool_cli.model.loading import is_lora, merged_state_dict
+from retool_cli.rl.distributed import load_optimizer_state
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict,
+    keep_last: int,
+    full: tuple[dict | None, dict | None] = (None, None),
+) -> Path:
+    """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
+    in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
+    data cursor). `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
+    temporary folder, then renamed."""
+    root = run_dir / "checkpoints"
+    final, staging = root / f"step_{step}", root / f".step_{step}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model_state, optimizer_state = full
+    if is_lora(model):  # merged weights for from_pretrained / vLLM / eval, the adapter itself for resume
+        model.get_base_model().save_pretrained(staging, state_dict=merged_state_dict(model))
+        model.save_pretrained(staging / "adapter")
+    else:
+        model.save_pretrained(staging, state_dict=model_state)
+    tokenizer.save_pretrained(staging)
+    optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+    torch.save(
+        {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, **state},
+        staging / "trainer_state.pt",
+    )
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    complete = [p for p in steps if (p / "trainer_state.pt").exists()]
+    return complete[-1] if complete else None
+
+
+def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any) -> dict:
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    load_optimizer_state(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
+
+
+# ------------------------------------------------------------------ logs
+
+
+class MetricsLog:
+    """metrics.jsonl (always); TensorBoard and W&B when configured (trainer.tensorboard, trainer.wandb_project)."""
+
+    def __init__(
+        self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None, config: dict | None = None
+    ) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.tensorboard = self.wandb = None
+        try:
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+            if wandb_project:
+                import wandb
+
+                self.wandb = wandb.init(
+                    project=wandb_project,
+                    dir=str(run_dir),
+                    config=config,
+                    resume="allow",
+                    id=run_dir.name.replace("/", "-"),
+                )
+        except ImportError as exc:
+            raise ConfigError(
+                f"{exc.name} is not installed: pip install -e '.[{'wandb' if wandb_project else 'tensorboard'}]'"
+            ) from exc
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop lines of steps after the checkpoint (they will be redone identically)."""
+        kept = [row for row in self.rows() if row["step"] <= step]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+    def write(self, row: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.tensorboard is not None:
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
+
+
+def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(k in r for r in rows)]
+    if not present:
+        return
+    fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], present, strict=True):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

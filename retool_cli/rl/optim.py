@@ -1,0 +1,125 @@
+"""What SFT and RL share in a step: the optimizer and its schedule, token-budget micro-batches, and per-token
+logprobs of a batch of sequences (with each GRPO prompt computed once, prefix_sharing.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from retool_cli.rl import prefix_sharing
+from retool_cli.rl.algorithms import token_logprobs
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, kind: str
+) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if kind == "cosine":
+            progress = (step - warmup) / max(1, total - warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices so that (longest in group) x (group size) stays within the budget; sorting by
+    length first keeps the padding small."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def sequence_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    temperature: float = 1.0,
+    bf16_autocast: bool = False,
+    entropy: str = "off",
+    prompt_lens: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
+    policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
+    With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
+    is always taken in fp32. Given `prompt_lens` and sequences that repeat a prompt (GRPO groups), each
+    prompt runs once (prefix_sharing) and only positions predicting response tokens are filled (0 elsewhere)."""
+    ids = pad_right(sequences, pad_id, device)  # (B, L)
+    attention = pad_right([[1] * len(s) for s in sequences], 0, device)
+    if prompt_lens is not None and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
+        logp, entropy_per_token = _grouped_logprobs(
+            model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
+        )
+        return logp, attention[:, 1:], entropy_per_token
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
+    logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
+    return logp, attention[:, 1:], entropy_per_token
+
+
+def _repeats_a_prompt(sequences: list[list[int]], prompt_lens: list[int]) -> bool:
+    return len({tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}) < len(sequences)
+
+
+def _grouped_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    pad_id: int,
+    device: torch.device,
+    temperature: float,
+    bf16_autocast: bool,
+    entropy: str,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` through prefix_sharing: response positions filled, in the same (B, width) layout."""
+    prompts = [s[:n] for s, n in zip(sequences, prompt_lens, strict=True)]
+    responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = prefix_sharing.response_logits(model, prompts, responses, pad_id, device)  # (B, R, V)
+    targets = pad_right(responses, pad_id, device)  # (B, R)
+    logp, entropy_per_token = token_logprobs(logits, targets, temperature, entropy)  # (B, R)
+    # Response token j of row b sits at sequence index n_b + j, so it is predicted at position n_b - 1 + j.
+    starts = torch.tensor(prompt_lens, device=device)[:, None] - 1
+    offset = torch.arange(width, device=device)[None] - starts  # (B, width): j at each position
+    inside = (offset >= 0) & (offset < torch.tensor([len(r) for r in responses], device=device)[:, None])
+    index = offset.clamp(0, targets.shape[1] - 1)
+    logp = logp.gather(1, index) * inside
+    if entropy_per_token is not None:
+        entropy_per_token = entropy_per_token.gather(1, index) * inside
+    return logp, entropy_per_token
+
+
+def response_mask_matrix(
+    prompt_lens: list[int], response_masks: list[list[int]], width: int, device: torch.device
+) -> torch.Tensor:
+    """(B, width) mask aligned with `sequence_logprobs`: position t predicts token t+1."""
+    out = torch.zeros((len(prompt_lens), width), dtype=torch.float32)
+    for i, (start, mask) in enumerate(zip(prompt_lens, response_masks, strict=True)):
+        out[i, start - 1 : start - 1 + len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return out.to(device)
+
+
+# ------------------------------------------------------------------ checkpoints
