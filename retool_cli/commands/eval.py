@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -12,31 +10,27 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from retool_cli.config import Engine, ProtocolName, RetoolConfig
+from retool_cli.config import RetoolConfig
 from retool_cli.env.protocol import build_protocol, overlong_prompts
-from retool_cli.env.reward import Verifier
-from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
 from retool_cli.eval.sampling import (
     eval_rollout,
     load_benchmark,
-    resolve_checkpoint,
     sample_problems,
     summarize,
     training_step,
 )
 from retool_cli.files import write_json
-from retool_cli.model.loading import load_model, load_tokenizer
+from retool_cli.model.loading import load_tokenizer
 from retool_cli.provenance import data_record, package_versions
-from retool_cli.rollout import build_engine
-from retool_cli.runs import config_key, find_resumable, setting_key, training_record, write_key
+from retool_cli.runs import config_key, setting_key, training_record
+from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
-    if config.ckpt:  # a training checkpoint replaces the model; its step labels the report
-        config = replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
+    config = with_checkpoint(config)  # a training checkpoint replaces the model; its step labels the report
     problems, _ = load_benchmark(config)
     bench = config.benchmark
     torch.manual_seed(config.seed)
@@ -49,8 +43,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             "model.max_context_tokens with it): a benchmark is measured whole"
         )
     key = config_key(config)
-    out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "eval") if config.eval.resume else run_dir
-    write_key(out_dir, key)
+    out_dir = run_folder(config, run_dir, key, "results.json") if config.eval.resume else run_dir
     log.info(
         "%s: %d problems x %d samples, model %s, protocol %s -> %s",
         bench.name,
@@ -61,27 +54,22 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         out_dir,
     )
 
-    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
-    engine = build_engine(config, model, tokenizer)
-    use_tool = config.protocol.name is not ProtocolName.none
-    with contextlib.ExitStack() as stack:
-        sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
-        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
+    with open_runtime(config, tokenizer, protocol) as rt:
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
             rows = sample_problems(
                 problems,
                 config,
                 out_dir,
-                engine,
-                protocol,
-                sandbox,
-                verifier,
+                rt.engine,
+                rt.protocol,
+                rt.sandbox,
+                rt.judge,
                 eval_rollout(config),
                 config.eval.questions_per_batch,
                 progress=lambda n: progress.advance(task, n),
             )
-        metrics, table = summarize(rows, problems, bench.n_samples, verifier, config.eval.bootstrap, config.seed)
+        metrics, table = summarize(rows, problems, bench.n_samples, rt.judge, config.eval.bootstrap, config.seed)
     results = {
         "metrics": metrics,
         "protocol": {

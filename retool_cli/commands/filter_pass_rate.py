@@ -6,7 +6,6 @@ Outputs per shard: samples.jsonl (resumable), pass_rates.jsonl, filtered.jsonl, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import replace
@@ -15,30 +14,25 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from retool_cli.config import Engine, ProtocolName, RetoolConfig
+from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import MathExample, load_examples, load_jsonl, prepare_dataset
 from retool_cli.env.protocol import build_protocol
-from retool_cli.env.reward import Verifier
-from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
-from retool_cli.eval.sampling import resolve_checkpoint, sample_problems
+from retool_cli.eval.sampling import sample_problems
 from retool_cli.files import atomic_open, write_jsonl
-from retool_cli.model.loading import load_model, load_tokenizer
-from retool_cli.rollout import build_engine
-from retool_cli.runs import config_key, find_resumable, write_key
+from retool_cli.model.loading import load_tokenizer
+from retool_cli.runs import config_key
+from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
 
 log = logging.getLogger(__name__)
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.filter
-    if config.ckpt:
-        config = replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
+    config = with_checkpoint(config)
     problems = load_examples(cfg.input, "filter.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]
-    key = config_key(config)
-    out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "filter-pass-rate", "pass_rates.jsonl")
-    write_key(out_dir, key)
+    out_dir = run_folder(config, run_dir, config_key(config), "pass_rates.jsonl")
     log.info(
         "pass rates of %d problems (shard %d/%d) x %d samples with %s",
         len(shard),
@@ -49,16 +43,10 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     )
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = None if config.rollout.engine is Engine.vllm else load_model(config.model).eval()  # vLLM loads its own
-    engine, protocol = build_engine(config, model, tokenizer), build_protocol(config.protocol, tokenizer)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
-    with contextlib.ExitStack() as stack:
-        sandbox = (
-            stack.enter_context(Sandbox(config.sandbox)) if config.protocol.name is not ProtocolName.none else None
-        )
-        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
+    with open_runtime(config, tokenizer, build_protocol(config.protocol, tokenizer)) as rt:
         rows = sample_problems(
-            shard, config, out_dir, engine, protocol, sandbox, verifier, rollout, 1, per_problem_seeds=True
+            shard, config, out_dir, rt.engine, rt.protocol, rt.sandbox, rt.judge, rollout, 1, per_problem_seeds=True
         )
     positions = list(range(config.shard.index, len(problems), config.shard.count))  # places in the whole input
     write_jsonl(out_dir / "problems.jsonl", [p.to_dict() for p in shard])

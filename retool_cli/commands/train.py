@@ -15,11 +15,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from retool_cli.config import Engine, ProtocolName, RetoolConfig
+from retool_cli.config import Engine, RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, overlong_prompts
-from retool_cli.env.reward import Verifier
-from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.sampling import (
     eval_rollout,
@@ -40,9 +38,9 @@ from retool_cli.rl.distributed import (
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import Timer, collect, step_metrics, update
-from retool_cli.rollout import build_engine
 from retool_cli.rollout.kv_decoder import supports
-from retool_cli.runs import config_key, find_resumable, write_key
+from retool_cli.runs import config_key
+from retool_cli.runtime import open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
@@ -125,11 +123,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
     examples = load_examples(t.train_file, "trainer.train_file") if t.train_file else train_split
     random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
-    out_dir = run_dir
-    if t.resume == "auto":
-        out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / "train", "final.txt", "metrics.jsonl")
-    if rank == 0:
-        write_key(out_dir, key)
+    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if t.resume == "auto" else run_dir
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
@@ -158,14 +152,13 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     )
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
-    engine = build_engine(config, model, tokenizer, weights=source)
-    # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
-    engine.update_weights(model)
-    with contextlib.ExitStack() as stack:
-        use_tool = config.protocol.name is not ProtocolName.none
-        sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
-        verifier = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
-        progress = stack.enter_context(Progress(console=Console(stderr=True)))
+    with (
+        open_runtime(config, tokenizer, protocol, policy=model, weights=source) as rt,
+        Progress(console=Console(stderr=True)) as progress,
+    ):
+        engine, sandbox, verifier = rt.engine, rt.sandbox, rt.judge
+        # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
+        engine.update_weights(model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()

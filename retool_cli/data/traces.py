@@ -13,11 +13,11 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from retool_cli.data.dataset import MathExample, _parse_json_line
 from retool_cli.data.synthetic import solution_code
 from retool_cli.errors import DataError
+from retool_cli.interfaces import ToolProtocol
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Trace:
         return self.prompt_ids + self.response_ids
 
 
-def render(protocol: Any, question: str, segments: list[tuple[str, str]]) -> Trace:
+def render(protocol: ToolProtocol, question: str, segments: list[tuple[str, str]]) -> Trace:
     """segments: ("model", text) | ("tool", result text), in order. The last model segment should end the turn."""
     tokenizer = protocol.tokenizer
     ids: list[int] = []
@@ -49,7 +49,9 @@ def render(protocol: Any, question: str, segments: list[tuple[str, str]]) -> Tra
     return Trace(protocol.prompt_ids(question), ids, mask)
 
 
-def synthetic_traces(examples: list[MathExample], protocol: Any, code_fraction: float, seed: int) -> list[Trace]:
+def synthetic_traces(
+    examples: list[MathExample], protocol: ToolProtocol, code_fraction: float, seed: int
+) -> list[Trace]:
     """One trace per example: with probability `code_fraction` it computes with the interpreter, otherwise it
     states the answer directly."""
     eos = protocol.tokenizer.eos_token
@@ -72,7 +74,7 @@ def synthetic_traces(examples: list[MathExample], protocol: Any, code_fraction: 
     return traces
 
 
-def message_traces(path: str | Path, protocol: Any) -> list[Trace]:
+def message_traces(path: str | Path, protocol: ToolProtocol) -> list[Trace]:
     """A JSONL file, one {"messages": [...]} per line (system/user/assistant/tool roles). Assistant text is
     trained, tool messages are rendered as interpreter results and masked."""
     path = Path(path)

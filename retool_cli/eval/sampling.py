@@ -25,6 +25,7 @@ from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
+from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,9 @@ def sample_problems(
     problems: list[MathExample],
     cfg: RetoolConfig,
     out_dir: Path,
-    engine: Any,
-    protocol: Any,
-    sandbox: Any,
+    engine: Engine,
+    protocol: ToolProtocol,
+    sandbox: CodeRunner | None,
     verifier: Verifier,
     rollout: RolloutConfig,
     per_batch: int,

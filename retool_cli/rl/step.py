@@ -18,6 +18,7 @@ import torch
 from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
+from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
 from retool_cli.rl.batch import Batch
 from retool_cli.rl.distributed import (
@@ -48,9 +49,9 @@ def collect(
     examples: list[MathExample],
     cursor: int,
     step: int,
-    engine: Any,
-    protocol: Any,
-    sandbox: Any,
+    engine: Engine,
+    protocol: ToolProtocol,
+    sandbox: CodeRunner | None,
     verifier: Verifier,
 ) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds

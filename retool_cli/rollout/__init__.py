@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from retool_cli.config import Engine, RetoolConfig
+from retool_cli.interfaces import Engine as EngineLike
 
 
-def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> Any:
+def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> EngineLike:
     """The rollout engine of `rollout.engine`; vLLM is imported only when selected. vLLM loads `weights` (a
     checkpoint folder or hub id; default `model.name_or_path`): the policy's architecture and tokenizer.
     A trainer then syncs the policy's own weights into it before the first rollout."""

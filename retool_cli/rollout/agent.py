@@ -16,21 +16,16 @@ import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from retool_cli.config import RolloutConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import format_result
 from retool_cli.env.sandbox import SandboxError
+from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
 STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
-
-
-class Engine(Protocol):
-    def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
-    ) -> list[Generation]: ...
 
 
 @dataclass
@@ -73,8 +68,8 @@ class _ToolJob:
 def run_rollouts(
     examples: list[MathExample],
     engine: Engine,
-    protocol: Any,
-    sandbox: Any,
+    protocol: ToolProtocol,
+    sandbox: CodeRunner | None,
     cfg: RolloutConfig,
     *,
     seed: int,
@@ -124,7 +119,15 @@ def run_rollouts(
 class _Loop:
     """The per-batch state of the loop: budgets, the engine and sandbox calls, timing."""
 
-    def __init__(self, engine, protocol, sandbox, cfg: RolloutConfig, sampling: Sampling, max_context: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        protocol: ToolProtocol,
+        sandbox: CodeRunner | None,
+        cfg: RolloutConfig,
+        sampling: Sampling,
+        max_context: int,
+    ) -> None:
         self.engine, self.protocol, self.sandbox, self.cfg = engine, protocol, sandbox, cfg
         self.sampling, self.max_context = sampling, max_context
         self.tokenizer = protocol.tokenizer
