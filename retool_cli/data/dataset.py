@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.config import DataConfig, DataSource
+from retool_cli.data.synthetic import generate_rows
 from retool_cli.errors import DataError
 
 
@@ -354,11 +355,9 @@ def prepare_dataset(
 ) -> tuple[list[MathExample], list[MathExample], PrepareStats]:
     """Source -> cleaned, deduplicated (train, dev) examples and the counts behind them. `path_key`: the config
     key of a local copy of this source, for error messages."""
-    from retool_cli.data.synthetic import generate_rows
-
     stats = PrepareStats()
     if cfg.source is DataSource.synthetic and not cfg.path:
-        rows: Iterable[RawRow] = generate_rows(cfg.synthetic, seed, cfg.name)
+        rows: Iterable[RawRow] = (RawRow(where, row) for where, row in generate_rows(cfg.synthetic, seed, cfg.name))
     else:
         rows = read_source_rows(cfg, path_key)
         if cfg.hub_id and not cfg.path:

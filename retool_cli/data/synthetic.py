@@ -132,9 +132,8 @@ def solution_code(question: str) -> str:
     raise ValueError(f"not a generated question: {question!r}")
 
 
-def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator:
-    """Generated problems as source rows, so they go through the same cleaning and dedupe as files."""
-    from retool_cli.data.dataset import RawRow
-
+def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator[tuple[str, dict]]:
+    """Generated problems as (where, fields) source rows, so they go through the same cleaning and dedupe as
+    files (dataset.py wraps them as RawRow)."""
     for index, (example_id, question, answer) in enumerate(generate(cfg, seed)):
-        yield RawRow(f"{name} item {index}", {"id": example_id, "problem": question, "answer": answer})
+        yield f"{name} item {index}", {"id": example_id, "problem": question, "answer": answer}

@@ -12,6 +12,7 @@ run time is bounded by killing its worker process, from any thread.
 
 from __future__ import annotations
 
+import atexit
 import json
 import queue
 import re
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from retool_cli.config import RewardConfig, RewardFunction
+from retool_cli.interfaces import Judge
 
 # ------------------------------------------------------------------ extraction
 
@@ -276,6 +278,7 @@ def is_equivalent(gold: str, pred: str) -> bool:
     global _default_verifier
     if _default_verifier is None:
         _default_verifier = Verifier()
+        atexit.register(_default_verifier.close)  # its worker processes end with the interpreter
     return _default_verifier.is_equivalent(gold, pred)
 
 
@@ -300,22 +303,31 @@ def dapo_strict_correct(final_text: str, gold: str) -> tuple[bool, str | None]:
     return extracted is not None and extracted.strip() == gold.strip(), extracted
 
 
-def score_batch(items: list[tuple[str, str, bool, int]], cfg: RewardConfig, verifier: Verifier) -> list[RewardScore]:
-    """Score (final assistant text, reference answer, truncated, response tokens) tuples."""
+@dataclass(frozen=True)
+class Response:
+    """What the reward needs of one trajectory (rollout.agent.Trajectory.response() makes one)."""
+
+    text: str  # the model's own final text (tool output excluded)
+    reference: str  # the reference answer
+    truncated: bool = False  # stopped by a length limit (never rewarded as correct)
+    tokens: int = 0  # response tokens, for the overlong penalty
+
+
+def score_batch(responses: list[Response], cfg: RewardConfig, verifier: Judge) -> list[RewardScore]:
+    """Score a batch of responses; the pairs the fast path cannot settle are judged concurrently."""
     if cfg.function is RewardFunction.dapo_strict:
-        strict = [dapo_strict_correct(answer_text(text), gold) for text, gold, _, _ in items]
+        strict = [dapo_strict_correct(answer_text(r.text), r.reference) for r in responses]
         verdicts = [Verdict(ok) for ok, _ in strict]
         extracted = [found for _, found in strict]
     else:
-        extracted = [extract_boxed(answer_text(text), cfg.answer_window_chars) for text, _, _, _ in items]
-        to_check = [
-            (i, (items[i][1], found)) for i, found in enumerate(extracted) if found is not None and not items[i][2]
-        ]
-        checked = dict(zip([i for i, _ in to_check], verifier.verify_many([pair for _, pair in to_check]), strict=True))
-        verdicts = [checked.get(i, Verdict(False)) for i in range(len(items))]
+        extracted = [extract_boxed(answer_text(r.text), cfg.answer_window_chars) for r in responses]
+        to_check = [i for i, found in enumerate(extracted) if found is not None and not responses[i].truncated]
+        judged = verifier.verify_many([(responses[i].reference, extracted[i]) for i in to_check])
+        checked = dict(zip(to_check, judged, strict=True))
+        verdicts = [checked.get(i, Verdict(False)) for i in range(len(responses))]
     return [
-        _score(found, verdict, truncated, tokens, cfg)
-        for (_, _, truncated, tokens), found, verdict in zip(items, extracted, verdicts, strict=True)
+        _score(found, verdict, r.truncated, r.tokens, cfg)
+        for r, found, verdict in zip(responses, extracted, verdicts, strict=True)
     ]
 
 
@@ -343,7 +355,7 @@ def score(
     response_tokens: int = 0,
 ) -> RewardScore:
     """Score one response (see score_batch)."""
-    return score_batch([(final_text, gold, truncated, response_tokens)], cfg, verifier)[0]
+    return score_batch([Response(final_text, gold, truncated, response_tokens)], cfg, verifier)[0]
 
 
 def reward_metrics(scores: list[RewardScore]) -> dict[str, float]:

@@ -145,9 +145,7 @@ def sample_problems(
         trajectories, _ = run_rollouts(
             chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=cfg.context_tokens()
         )
-        scores = score_batch(
-            [(t.final_text, t.example.answer, t.truncated, len(t.response_ids)) for t in trajectories], judge, verifier
-        )
+        scores = score_batch([t.response() for t in trajectories], judge, verifier)
         append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)

@@ -34,22 +34,6 @@ class Batch:
         if len(set(sizes.values())) > 1:
             raise ValueError(f"batch fields disagree on the number of samples: {sizes}")
 
-    def select(self, tensors: list[str] | None = None, objects: list[str] | None = None) -> Batch:
-        """A batch with only the named fields (all of a kind when its list is None)."""
-        return Batch(
-            {k: v for k, v in self.tensors.items() if tensors is None or k in tensors},
-            {k: v for k, v in self.objects.items() if objects is None or k in objects},
-            dict(self.meta),
-        )
-
-    def pop(self, tensors: list[str] = (), objects: list[str] = ()) -> Batch:  # type: ignore[assignment]
-        """Remove the named fields from this batch and return them as a batch of their own."""
-        return Batch(
-            {k: self.tensors.pop(k) for k in tensors},
-            {k: self.objects.pop(k) for k in objects},
-            dict(self.meta),
-        )
-
     def union(self, other: Batch) -> Batch:
         """Fields of both; a name in both must hold the same values."""
         if len(self) and len(other) and len(self) != len(other):
@@ -71,28 +55,6 @@ class Batch:
             {k: [v[i] for i in order] for k, v in self.objects.items()},
             dict(self.meta),
         )
-
-    def reorder(self, indices: list[int] | torch.Tensor) -> Batch:
-        """A permutation of the samples (e.g. sorted by length for balanced micro-batches)."""
-        if sorted(torch.as_tensor(indices).tolist()) != list(range(len(self))):
-            raise ValueError("reorder needs a permutation of the sample indices")
-        return self.index(indices)
-
-    def repeat(self, times: int) -> Batch:
-        """Each sample `times` times in a row (interleaved: a a b b), as prompts for a group."""
-        return self.index(torch.arange(len(self)).repeat_interleave(times))
-
-    def split(self, size: int) -> list[Batch]:
-        """Consecutive batches of `size` samples (the last may be smaller)."""
-        if size <= 0:
-            raise ValueError(f"split size must be positive, got {size}")
-        return [self.index(list(range(start, min(start + size, len(self))))) for start in range(0, len(self), size)]
-
-    def chunk(self, chunks: int) -> list[Batch]:
-        """`chunks` batches of equal size (for data-parallel ranks); N must divide evenly."""
-        if chunks <= 0 or len(self) % chunks:
-            raise ValueError(f"cannot chunk {len(self)} samples into {chunks} equal parts")
-        return self.split(len(self) // chunks)
 
     @staticmethod
     def concat(batches: list[Batch]) -> Batch:

@@ -68,9 +68,7 @@ def collect(
             questions, engine, protocol, sandbox, cfg.rollout, seed=seed, max_context_tokens=cfg.context_tokens()
         )
         started = time.perf_counter()
-        scores = score_batch(
-            [(x.final_text, x.example.answer, x.truncated, len(x.response_ids)) for x in got], cfg.reward, verifier
-        )
+        scores = score_batch([x.response() for x in got], cfg.reward, verifier)
         metrics = {**metrics, "rollout/reward_s": time.perf_counter() - started}  # the judge's time
         rounds.append(rollout_batch(got, torch.tensor([s.reward for s in scores]), scores, metrics))
         if not t.dynamic_sampling:

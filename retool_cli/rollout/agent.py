@@ -21,6 +21,7 @@ from typing import Any
 from retool_cli.config import RolloutConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import format_result
+from retool_cli.env.reward import Response
 from retool_cli.env.sandbox import SandboxError
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rollout.hf_engine import Generation, Sampling
@@ -56,6 +57,10 @@ class Trajectory:
     @property
     def text(self) -> str:
         return "".join(text for _, text in self.segments)
+
+    def response(self) -> Response:
+        """What the reward scores."""
+        return Response(self.final_text, self.example.answer, self.truncated, len(self.response_ids))
 
 
 @dataclass

@@ -22,16 +22,9 @@ def test_length_and_consistency_check() -> None:
         Batch({"a": torch.zeros(3)}, {"b": [1, 2]})
 
 
-def test_select_and_pop() -> None:
-    batch = make()
-    only = batch.select(tensors=["reward"], objects=[])
-    assert list(only.tensors) == ["reward"] and not only.objects and only.meta == {"step": 7}
-    popped = batch.pop(tensors=["ids"])
-    assert "ids" not in batch.tensors and torch.equal(popped.tensors["ids"], make().tensors["ids"])
-
-
 def test_union() -> None:
-    a, b = make().select(tensors=["ids"]), make().select(tensors=["reward"], objects=[])
+    full = make()
+    a, b = Batch({"ids": full.tensors["ids"]}, dict(full.objects)), Batch({"reward": full.tensors["reward"]})
     both = a.union(b)
     assert set(both.tensors) == {"ids", "reward"} and both.objects["name"] == ["s0", "s1", "s2", "s3"]
     clash = make()
@@ -40,29 +33,6 @@ def test_union() -> None:
         make().union(clash)
     with pytest.raises(ValueError, match="union of batches of 4 and 2"):
         make().union(make(2))
-
-
-def test_repeat_is_interleaved() -> None:
-    batch = make(2).repeat(3)
-    assert batch.objects["name"] == ["s0", "s0", "s0", "s1", "s1", "s1"]
-    assert batch.tensors["reward"].tolist() == [0, 0, 0, 1, 1, 1]
-
-
-def test_split_chunk_reorder() -> None:
-    parts = make(5).split(2)
-    assert [len(p) for p in parts] == [2, 2, 1] and parts[2].objects["name"] == ["s4"]
-    assert [p.objects["name"] for p in make(4).chunk(2)] == [["s0", "s1"], ["s2", "s3"]]
-    with pytest.raises(ValueError, match="equal parts"):
-        make(5).chunk(2)
-    flipped = make().reorder([3, 2, 1, 0])
-    assert flipped.objects["name"] == ["s3", "s2", "s1", "s0"] and flipped.tensors["reward"].tolist() == [
-        3,
-        2,
-        1,
-        0,
-    ]
-    with pytest.raises(ValueError, match="permutation"):
-        make().reorder([0, 0, 1, 2])
 
 
 def test_concat_pads_and_merges_metrics() -> None:
@@ -74,4 +44,10 @@ def test_concat_pads_and_merges_metrics() -> None:
     assert both.objects["name"] == ["s0", "s1", "s0"]
     assert both.meta["metrics"] == {"loss": [1.0, 2.0, 3.0], "kl": [0.1]}
     with pytest.raises(ValueError, match="same fields"):
-        Batch.concat([make(), make().select(tensors=["ids"])])
+        Batch.concat([make(), Batch({"ids": make().tensors["ids"]}, dict(make().objects))])
+
+
+def test_index_keeps_tensors_and_objects_aligned() -> None:
+    picked = make().index([3, 1, 1])
+    assert picked.tensors["reward"].tolist() == [3.0, 1.0, 1.0] and picked.objects["name"] == ["s3", "s1", "s1"]
+    assert picked.tensors["ids"][0].tolist() == [9, 10, 11] and picked.meta == {"step": 7}

@@ -9,6 +9,7 @@ import pytest
 
 from retool_cli.config import RewardConfig, RewardFunction
 from retool_cli.env.reward import (
+    Response,
     Verifier,
     answer_text,
     exact_number,
@@ -214,10 +215,10 @@ def test_overlong_penalty_and_format_weight(verifier: Verifier) -> None:
 def test_score_batch_is_deterministic_and_metrics(verifier: Verifier) -> None:
     cfg = RewardConfig(max_response_tokens=100)
     items = [
-        ("\\boxed{1}", "1", False, 5),
-        ("\\boxed{2}", "1", False, 5),
-        ("none", "1", False, 5),
-        ("\\boxed{1}", "1", True, 5),
+        Response("\\boxed{1}", "1", False, 5),
+        Response("\\boxed{2}", "1", False, 5),
+        Response("none", "1", False, 5),
+        Response("\\boxed{1}", "1", True, 5),
     ]
     first, second = score_batch(items, cfg, verifier), score_batch(items, cfg, verifier)
     assert first == second
