@@ -135,7 +135,7 @@ class Engine(enum.Enum):
     vllm = "vllm"  # vLLM offline engine (optional extra)
 
 
-class LossAgg(enum.Enum):
+class LossAgg(str, enum.Enum):
     token_mean = "token_mean"  # mean over all model tokens of the batch (DAPO)
     seq_mean_token_mean = "seq_mean_token_mean"  # mean per sequence, then over sequences (GRPO)
     seq_mean_token_sum_norm = "seq_mean_token_sum_norm"  # token sum / fixed length (Dr.GRPO)
@@ -231,7 +231,7 @@ class ProtocolConfig:
     text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
 
-class Advantage(enum.Enum):
+class Advantage(str, enum.Enum):  # a str too: the tensor functions take the name or the member
     grpo = "grpo"  # (r - group mean) / (group std + 1e-4)
     dr_grpo = "dr_grpo"  # r - group mean
     rloo = "rloo"  # r - mean of the other samples of the group

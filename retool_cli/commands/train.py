@@ -40,27 +40,18 @@ from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import Timer, collect, step_metrics, update
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
-from retool_cli.runtime import open_runtime, run_folder
+from retool_cli.runtime import Runtime, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
 
 
-def periodic_eval(config: RetoolConfig, problems: list, folder: Path, engine, protocol, sandbox, verifier) -> dict:
+def periodic_eval(config: RetoolConfig, problems: list, folder: Path, rt: Runtime) -> dict:
     """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = sample_problems(
-        problems,
-        config,
-        folder,
-        engine,
-        protocol,
-        sandbox,
-        verifier,
-        eval_rollout(config),
-        config.eval.questions_per_batch,
-    )
-    metrics, _ = summarize(rows, problems, config.benchmark.n_samples, verifier, config.eval.bootstrap, config.seed)
+    rollout, per_batch = eval_rollout(config), config.eval.questions_per_batch
+    rows = sample_problems(problems, config, folder, rt.engine, rt.protocol, rt.sandbox, rt.judge, rollout, per_batch)
+    metrics, _ = summarize(rows, problems, config.benchmark.n_samples, rt.judge, config.eval.bootstrap, config.seed)
     n = config.benchmark.n_samples
     return {
         "eval/accuracy": metrics[f"avg@{n}"],
@@ -108,21 +99,34 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     return model, source
 
 
+def this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig:
+    """The config as this process runs it: under several processes its own sandbox uids and device; the
+    training precision resolved (model.dtype=auto on CUDA: fp32 weights under bf16 autocast)."""
+    if size > 1:
+        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
+        if torch.cuda.is_available():
+            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
+    return training_precision(config)
+
+
+def training_examples(config: RetoolConfig) -> tuple[list, list]:
+    """The training questions in this run's one seeded order (steps take consecutive slices), and the dev split
+    of the `data` section for periodic evals. A bad or empty file fails here, naming its key."""
+    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
+    t = config.trainer
+    examples = load_examples(t.train_file, "trainer.train_file") if t.train_file else train_split
+    random.Random(config.seed).shuffle(examples)
+    return examples, dev_split
+
+
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
     key = config_key(config)  # before the per-process changes below: every process must agree on it
     rank, size = init_distributed()
     if t.nproc > 1 and size == 1:
         return launch_processes(t.nproc, run_dir)
-    if size > 1:  # every process its own sandbox uids and device
-        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
-        if torch.cuda.is_available():
-            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
-    config = training_precision(config)
-    # the data first: a bad or empty file fails here, before a model is loaded or a run folder tagged
-    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
-    examples = load_examples(t.train_file, "trainer.train_file") if t.train_file else train_split
-    random.Random(config.seed).shuffle(examples)  # one seeded order per run; steps take consecutive slices
+    config = this_process(config, rank, size)
+    examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if t.resume == "auto" else run_dir
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     torch.manual_seed(config.seed)
@@ -141,15 +145,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         if rank == 0:
             metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
-    log.info(
-        "train: %d questions, %d steps of %d x %d, from %s -> %s",
-        len(examples),
-        t.total_steps,
-        t.questions_per_step,
-        config.rollout.group_size,
-        source,
-        out_dir,
-    )
+    log.info("train: %d questions, %d steps, from %s -> %s", len(examples), t.total_steps, source, out_dir)
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
     with (
@@ -175,15 +171,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
                     if rank == 0:
                         row.update(
-                            periodic_eval(
-                                config,
-                                dev_split[: t.eval_problems],
-                                out_dir / "evals" / f"step_{step}",
-                                engine,
-                                protocol,
-                                sandbox,
-                                verifier,
-                            )
+                            periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}", rt)
                         )
             if rank == 0:
                 metrics.write(row)

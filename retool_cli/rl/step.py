@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import RetoolConfig
+from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
@@ -118,7 +118,7 @@ def update(
     device = next(model.parameters()).device
     trajectories, rewards = batch.objects["trajectory"], batch.tensors["reward"]
     groups = group_ids(trajectories)
-    advantages = group_advantages(rewards, groups, t.advantage.value)  # (N,)
+    advantages = group_advantages(rewards, groups, t.advantage)  # (N,)
     degenerate = degenerate_groups(rewards, groups)  # (N,)
     masks = [
         [0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask for x in trajectories
@@ -216,12 +216,12 @@ def _micro_loss(
         mask,
         clip_low=t.clip_low,
         clip_high=t.clip_high,
-        aggregation=t.loss_agg.value,
+        aggregation=t.loss_agg,
         dual_clip=t.dual_clip,
         max_tokens=cfg.rollout.max_response_tokens,
         loss_scale_tokens=float(tokens),
     )
-    if t.loss_agg.value != "token_mean":  # per-sequence means: weight micro-batches by their share
+    if t.loss_agg is not LossAgg.token_mean:  # per-sequence means: weight micro-batches by their share
         loss = loss * len(micro) / mini_size
     entropy_sum = (entropy * mask).sum()
     sums = {"entropy_sum": float(entropy_sum.detach()), "entropy_tokens": float(mask.sum())}
