@@ -32,7 +32,7 @@ python3 - "$WORK/q05b" "$LAYERS" <<'EOF'
 import sys
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-from retool_cli.tiny import tiny_model_path
+from retool_cli.model.tiny import tiny_model_path
 
 tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
 torch.manual_seed(0)

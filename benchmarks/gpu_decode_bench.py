@@ -41,7 +41,7 @@ def main() -> None:
         pad_token_id=tok.pad_token_id,
     )
     model = Qwen2ForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    engine = HFEngine(model, tok, None)
+    engine = HFEngine(model, tok, None, accelerate=True)
     engine.eos_ids = set()  # every row runs the full length, as min_new_tokens makes generate do
     prompts = [tok.encode(f"What is {a} * {b}? Use code.") for a, b in [(12, 34), (56, 78), (91, 23), (45, 67)]]
     rows = [p for p in prompts for _ in range(8)]

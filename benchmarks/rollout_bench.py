@@ -95,7 +95,7 @@ def multiturn(model, tokenizer) -> None:
     from retool_cli.rollout.hf_engine import HFEngine
 
     examples = [MathExample(f"q{i}", f"What is {i}*{i + 1}?", str(i * (i + 1)), "bench") for i in range(4)]
-    engine = TimedReplay(HFEngine(model, tokenizer), tokenizer)
+    engine = TimedReplay(HFEngine(model, tokenizer, accelerate=True), tokenizer)
     protocol = TaggedProtocol(tokenizer, "Solve it.")
     with Sandbox(SandboxConfig(workers=2)) as sandbox:
         for overlap in (False, True, False, True):
@@ -166,8 +166,8 @@ def main() -> None:
     ]
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     grouped = [p for p in prompts for _ in range(8)]  # 4 x 8, as TRL repeats them
-    engine = HFEngine(model, tokenizer)
-    engine_bf16 = HFEngine(model, tokenizer, torch.bfloat16) if args.bf16 else None
+    engine = HFEngine(model, tokenizer, accelerate=True)
+    engine_bf16 = HFEngine(model, tokenizer, torch.bfloat16, accelerate=True) if args.bf16 else None
 
     ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = [], [], [], [], []
     for i in range(args.repeats + 1):  # the first round warms up both

@@ -48,9 +48,10 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
     cfg.trainer.loss_agg, cfg.trainer.lr, cfg.trainer.micro_batch_tokens = LossAgg.token_mean, 1e-5, 1 << 20
     cfg.rollout.max_response_tokens = 64
     cfg.trainer.bf16_autocast = bf16
+    cfg.model.accelerate = True  # ours: the fast decode loop and the shared-prompt training forward
     optimizer = build_optimizer(model, cfg.trainer.lr, 0.0)
     scheduler = build_scheduler(optimizer, 0, steps, "constant")
-    engine = HFEngine(model, tokenizer, torch.bfloat16 if bf16 else None)
+    engine = HFEngine(model, tokenizer, torch.bfloat16 if bf16 else None, accelerate=True)
     times, tokens = [], []
     for step in range(steps):
         started = time.perf_counter()

@@ -113,6 +113,11 @@ class ModelConfig:
     max_context_tokens: int | None = None
     # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
     # Checkpoints hold the merged weights (from_pretrained / vLLM load them) and the adapter (for resume).
+    # the hand-written fast paths for Llama-family decoders: the hf engine's KV-cache decode loop (prepacked
+    # GEMMs and numba kernels on CPU, few large ops on CUDA; rollout/kv_decoder.py) and the training forward that
+    # computes each GRPO prompt once (rl/prefix_sharing.py). Off: transformers' own forward everywhere (the
+    # plain path the fast ones are checked against). The smoke recipe turns it on.
+    accelerate: bool = False
     lora_rank: int = 0  # 0 = off (full fine-tuning)
     lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora_rank
     lora_dropout: float = 0.0  # dropout on the adapters' input

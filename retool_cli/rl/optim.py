@@ -60,15 +60,22 @@ def sequence_logprobs(
     bf16_autocast: bool = False,
     entropy: str = "off",
     prompt_lens: list[int] | None = None,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
     policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
     With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
-    is always taken in fp32. Given `prompt_lens` and sequences that repeat a prompt (GRPO groups), each
-    prompt runs once (prefix_sharing) and only positions predicting response tokens are filled (0 elsewhere)."""
+    is always taken in fp32. With `shared_prefix` (model.accelerate), `prompt_lens` and sequences that repeat a
+    prompt (GRPO groups), each prompt runs once (prefix_sharing) and only positions predicting response tokens
+    are filled (0 elsewhere)."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
-    if prompt_lens is not None and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
+    if (
+        shared_prefix
+        and prompt_lens is not None
+        and prefix_sharing.usable(model)
+        and _repeats_a_prompt(sequences, prompt_lens)
+    ):
         logp, entropy_per_token = _grouped_logprobs(
             model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
         )

@@ -131,7 +131,9 @@ def update(
     prompt_lens = [len(x.prompt_ids) for x in trajectories]
 
     def all_logprobs(m: Any) -> list[torch.Tensor]:
-        return _all_logprobs(m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast)
+        return _all_logprobs(
+            m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast, cfg.model.accelerate
+        )
 
     extra = {} if on_policy else {"old_logprobs": all_logprobs(model)}
     if ref_model is not None:
@@ -204,6 +206,7 @@ def _micro_loss(
         bf16_autocast=t.bf16_autocast,
         entropy="loss" if t.entropy_coef > 0 else "metric",
         prompt_lens=prompt_lens,
+        shared_prefix=cfg.model.accelerate,
     )  # (B, L-1)
     width = logp.shape[1]
     mask = response_mask_matrix(prompt_lens, micro.objects["mask"], width, device)
@@ -244,6 +247,7 @@ def _all_logprobs(
     device: torch.device,
     budget: int,
     bf16_autocast: bool,
+    shared_prefix: bool,
 ) -> list[torch.Tensor]:
     """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches; only the
     positions predicting response tokens are meaningful (the prompt's are 0 when prompts are shared)."""
@@ -251,7 +255,9 @@ def _all_logprobs(
     for group in _equalized(micro_batches([len(s) for s in sequences], budget), model):
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
         lens = [prompt_lens[i] for i in group] or [1]
-        logp, _, _ = sequence_logprobs(model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens)
+        logp, _, _ = sequence_logprobs(
+            model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens, shared_prefix=shared_prefix
+        )
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out

@@ -35,7 +35,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
 
     device = next(model.parameters()).device
     dtype = None if cfg.rollout.dtype == "auto" else resolve_dtype(cfg.rollout.dtype, device, "rollout.dtype")
-    return HFEngine(model, tokenizer, dtype)
+    return HFEngine(model, tokenizer, dtype, accelerate=cfg.model.accelerate)
 
 
 def vllm_dtype(cfg: RetoolConfig) -> str:

@@ -36,9 +36,12 @@ class Generation:
 
 
 class HFEngine:
-    def __init__(self, model: Any, tokenizer: Any, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, dtype: torch.dtype | None = None, accelerate: bool = False) -> None:
         """Generates with `model` itself, or, when `dtype` differs from the model's, with a copy in `dtype`
-        (e.g. bfloat16 next to an fp32 trainer) that `update_weights` refreshes."""
+        (e.g. bfloat16 next to an fp32 trainer) that `update_weights` refreshes. `accelerate` (model.accelerate)
+        decodes Llama-family models with kv_decoder.KVDecoder; otherwise, and for other models, each step is
+        the model's own forward with transformers' cache."""
+        self.accelerate = accelerate
         self.copied = dtype is not None and dtype != next(model.parameters()).dtype
         if self.copied:
             model = _cast_copy(model, dtype)
@@ -88,7 +91,8 @@ class HFEngine:
         stopper = _StopChecker(self.tokenizer, stop_strings)
         # A LoRA (peft) policy: decode through its base model, whose layers carry the adapters.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        decoder = KVDecoder(base, self.pack_cache) if supports(base) else HFCacheDecoder(self.model)
+        fast = self.accelerate and supports(base)
+        decoder = KVDecoder(base, self.pack_cache) if fast else HFCacheDecoder(self.model)
         # Prefill each distinct prompt once. Rows are ordered by prompt; when every prompt has the same number
         # of rows (GRPO groups), the decoder keeps each prompt's cache once (share), else every row copies it.
         unique: dict[tuple[int, ...], int] = {}

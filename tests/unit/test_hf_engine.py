@@ -42,9 +42,9 @@ def tiny_model(kind: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def engine_for(model: torch.nn.Module) -> HFEngine:
+def engine_for(model: torch.nn.Module, accelerate: bool = True) -> HFEngine:
     tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD, decode=lambda ids: "", encode=lambda t, **k: [])
-    return HFEngine(model, tokenizer)
+    return HFEngine(model, tokenizer, accelerate=accelerate)
 
 
 A, B, C = [5, 17, 3, 44, 9], [8, 2], [60, 61, 62]
@@ -172,3 +172,21 @@ def test_the_cast_copy_never_duplicates_a_parameter_in_its_own_dtype(monkeypatch
     copied = _cast_copy(model, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copied.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_fast_path_is_an_opt_in_that_the_plain_path_checks(grouped: bool, monkeypatch) -> None:
+    """model.accelerate off: every step is the model's own forward with transformers' cache (no KVDecoder);
+    on: KVDecoder's packed numba path. Both give the same greedy tokens and logprobs."""
+    model = tiny_model("qwen2")
+    built = []
+    init = kv_decoder.KVDecoder.__init__
+    monkeypatch.setattr(kv_decoder.KVDecoder, "__init__", lambda self, *a: (built.append(1), init(self, *a))[1])
+    prompts, budgets = (GROUPED, GROUPED_BUDGETS) if grouped else (PROMPTS, [12, 7, 12, 3])
+    plain = engine_for(model, accelerate=False).generate(prompts, budgets, [], Sampling(temperature=0.0))
+    assert not built
+    fast = engine_for(model, accelerate=True).generate(prompts, budgets, [], Sampling(temperature=0.0))
+    assert built
+    for a, b in zip(plain, fast, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(a.logprobs, b.logprobs, strict=True))

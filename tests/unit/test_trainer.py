@@ -123,7 +123,8 @@ def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
         torch.device("cpu"),
         temperature=0.8,
         entropy="loss",
-        prompt_lens=prompt_lens if shared else None,
+        prompt_lens=prompt_lens,
+        shared_prefix=shared,
     )
     response = torch.zeros_like(logp)
     for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
@@ -149,8 +150,12 @@ def test_shared_prefix_pass_equals_the_plain_pass(kind: str) -> None:
     assert plain[2].keys() == shared[2].keys() and len(plain[2]) == len(list(model.parameters()))
     for name, grad in plain[2].items():
         assert torch.allclose(grad, shared[2][name], atol=1e-4, rtol=1e-4), name
-    logp, _, _ = sequence_logprobs(model, sequences, 95, torch.device("cpu"), prompt_lens=prompt_lens)
+    logp, _, _ = sequence_logprobs(
+        model, sequences, 95, torch.device("cpu"), prompt_lens=prompt_lens, shared_prefix=True
+    )
     assert all((logp[i, : start - 1] == 0).all() for i, start in enumerate(prompt_lens))
+    plain_logp, _, _ = sequence_logprobs(model, sequences, 95, torch.device("cpu"), prompt_lens=prompt_lens)
+    assert all((plain_logp[i, : start - 1] != 0).any() for i, start in enumerate(prompt_lens))  # opt-in only
 
 
 def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
