@@ -62,7 +62,8 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
         torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)
-    if world > 1:
+    if world > 1:  # both ranks done before the group goes (else gloo may abort one at exit: SIGABRT)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
@@ -94,6 +95,9 @@ def engine_arguments(rank: int, world: int, init_file: str, out: str) -> None:
     if world > 1:
         torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     Path(f"{out}.{rank}").write_text(repr(_per_process_engine()))
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [1, 2])
