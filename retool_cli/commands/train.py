@@ -34,6 +34,7 @@ from retool_cli.rl.distributed import (
     full_weights,
     init_distributed,
     launch_processes,
+    leave_process_group,
     shard,
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
@@ -188,6 +189,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                     )
             barrier()  # no process runs ahead of a checkpoint being written
             die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
+    leave_process_group()
     if rank > 0:
         return
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")

@@ -67,6 +67,15 @@ def launch_processes(nproc: int, run_dir: Path) -> None:
         raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
 
 
+def leave_process_group() -> None:
+    """The end of a run of several processes: all of them meet, then the group is torn down before the
+    interpreter exits (a gloo group left to the exit handlers can abort a process: "terminate called without
+    an active exception")."""
+    if world()[1] > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def barrier() -> None:
     if world()[1] > 1:
         torch.distributed.barrier()
