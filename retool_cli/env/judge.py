@@ -31,7 +31,8 @@ _EMPTY_SET = re.compile(
     re.IGNORECASE,
 )
 _SET_BUILDER = re.compile(r"^\\\{\s*([A-Za-z])\s*(?:\\in\s*\\mathbb\{?R\}?\s*)?(?:\\mid|\||:)\s*(.+?)\s*\\\}$")
-_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
+# a number with comma thousands separators (1,000 and 7,425,000; not 0,111 nor 26,25); reward.py uses it too
+THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 _SPACED_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:(?:\\,|\\ |~| )\d{3})+(?:\.\d+)?$")
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 _DECIMAL = re.compile(r"^-?\d*\.\d+$")
@@ -74,7 +75,7 @@ def read_answer(answer: str, other: str) -> str:
     text = _UNIT.sub(r"\1", text)  # 864 \\mbox{ inches}^2, also inside brackets where math-verify keeps units
     text = _CURRENCY.sub("", text).strip()
     other_is_list = candidate_count(other) > 1
-    if _THOUSANDS.match(text) and not other_is_list:
+    if THOUSANDS.match(text) and not other_is_list:
         return text.replace(",", "")
     if _SPACED_THOUSANDS.match(text):
         return re.sub(r"\\,|\\ |~| ", "", text)

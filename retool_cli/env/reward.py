@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from retool_cli.config import RewardConfig, RewardFunction
+from retool_cli.env.judge import THOUSANDS
 from retool_cli.interfaces import Judge
 
 # ------------------------------------------------------------------ extraction
@@ -88,7 +89,6 @@ _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\{([^{}]*)\
 _DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\\displaystyle|\$|\s")
 _DEGREES = re.compile(r"\^\{?\\circ\}?|°")
 _PERCENT = re.compile(r"\\?%$")
-_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 _VARIABLE_PREFIX = re.compile(r"^[a-zA-Z]=(?=[^=])")
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 _FRAC = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(\d+)\}$|^(-?\d+)/(\d+)$")
@@ -103,7 +103,7 @@ def normalize_answer(text: str) -> str:
     text = _DEGREES.sub("", text)
     text = _PERCENT.sub("", text)
     text = _VARIABLE_PREFIX.sub("", text)
-    if _THOUSANDS.match(text):
+    if THOUSANDS.match(text):
         text = text.replace(",", "")
     if text.endswith(".") and _NUMBER.match(text[:-1]):
         text = text[:-1]

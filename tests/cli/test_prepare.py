@@ -179,45 +179,23 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import retool_cli, sys; print(retool_cli.__file__); sys.argv[0] = 'retool'; "
-            "from retool_cli.cli import main; main()",
-            "prepare",
-            "recipe=dapo_smoke",
-            "hydra.run.dir=run",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def installed_retool(*args: str) -> subprocess.CompletedProcess:
+        """`retool ARGS` from the installed copy (it prints where it was imported from first)."""
+        main = "import retool_cli, sys; print(retool_cli.__file__); sys.argv[0] = 'retool'; "
+        main += "from retool_cli.cli import main; main()"
+        proc = subprocess.run([sys.executable, "-c", main, *args], cwd=work, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc
+
+    proc = installed_retool("prepare", "recipe=dapo_smoke", "hydra.run.dir=run")
     assert proc.stdout.startswith(str(tmp_path / "site"))  # the installed copy, not the checkout
     assert len(read_jsonl(work / "run" / "train.jsonl")) == 1800
     (work / "mine" / "recipe").mkdir(parents=True)
     (work / "mine" / "recipe" / "tiny_run.yaml").write_text(
         "# @package _global_\ndefaults:\n  - dapo_smoke\ndata:\n  dev_size: 7\n"
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; sys.argv[0] = 'retool'; from retool_cli.cli import main; main()",
-            "prepare",
-            "--config-dir",
-            "mine",
-            "recipe=tiny_run",
-            "hydra.run.dir=run2",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    installed_retool("prepare", "--config-dir", "mine", "recipe=tiny_run", "hydra.run.dir=run2")
     assert len(read_jsonl(work / "run2" / "dev.jsonl")) == 7  # the user's recipe, on top of the shipped one
 
 
