@@ -14,6 +14,7 @@ from retool_cli.config import RetoolConfig
 from retool_cli.env.protocol import build_protocol, overlong_prompts
 from retool_cli.errors import DataError
 from retool_cli.eval.sampling import (
+    SamplingPlan,
     eval_rollout,
     load_benchmark,
     sample_problems,
@@ -57,18 +58,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     with open_runtime(config, tokenizer, protocol) as rt:
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
-            rows = sample_problems(
-                problems,
-                config,
-                out_dir,
-                rt.engine,
-                rt.protocol,
-                rt.sandbox,
-                rt.judge,
-                eval_rollout(config),
-                config.eval.questions_per_batch,
-                progress=lambda n: progress.advance(task, n),
-            )
+            plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
+            advance = lambda n: progress.advance(task, n)
+            rows = sample_problems(problems, out_dir, plan, rt.engine, rt.protocol, rt.sandbox, rt.judge, advance)
         metrics, table = summarize(rows, problems, bench.n_samples, rt.judge, config.eval.bootstrap, config.seed)
     results = {
         "metrics": metrics,

@@ -18,7 +18,7 @@ from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import MathExample, load_examples, load_jsonl, prepare_dataset
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
-from retool_cli.eval.sampling import sample_problems
+from retool_cli.eval.sampling import SamplingPlan, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
 from retool_cli.model.loading import load_tokenizer
 from retool_cli.runs import config_key
@@ -45,9 +45,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     tokenizer = load_tokenizer(config.model)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
     with open_runtime(config, tokenizer, build_protocol(config.protocol, tokenizer)) as rt:
-        rows = sample_problems(
-            shard, config, out_dir, rt.engine, rt.protocol, rt.sandbox, rt.judge, rollout, 1, per_problem_seeds=True
-        )
+        plan = SamplingPlan.of(config, rollout, per_batch=1, per_problem_seeds=True)
+        rows = sample_problems(shard, out_dir, plan, rt.engine, rt.protocol, rt.sandbox, rt.judge)
     positions = list(range(config.shard.index, len(problems), config.shard.count))  # places in the whole input
     write_jsonl(out_dir / "problems.jsonl", [p.to_dict() for p in shard])
     write_outputs(out_dir, shard, pass_rates(rows, shard, cfg.n_samples, positions), cfg.low, cfg.high)

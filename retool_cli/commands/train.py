@@ -20,6 +20,7 @@ from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, overlong_prompts
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.sampling import (
+    SamplingPlan,
     eval_rollout,
     resolve_checkpoint,
     sample_problems,
@@ -50,8 +51,8 @@ PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/respo
 def periodic_eval(config: RetoolConfig, problems: list, folder: Path, rt: Runtime) -> dict:
     """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
-    rollout, per_batch = eval_rollout(config), config.eval.questions_per_batch
-    rows = sample_problems(problems, config, folder, rt.engine, rt.protocol, rt.sandbox, rt.judge, rollout, per_batch)
+    plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
+    rows = sample_problems(problems, folder, plan, rt.engine, rt.protocol, rt.sandbox, rt.judge)
     metrics, _ = summarize(rows, problems, config.benchmark.n_samples, rt.judge, config.eval.bootstrap, config.seed)
     n = config.benchmark.n_samples
     return {

@@ -15,17 +15,17 @@ import os
 import re
 import zlib
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from retool_cli.config import RetoolConfig, RewardFunction, RolloutConfig, SplitPart
+from retool_cli.config import RetoolConfig, RewardConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data.dataset import MathExample, prepare_dataset
 from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
-from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
+from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
 
 log = logging.getLogger(__name__)
@@ -107,23 +107,37 @@ def eval_rollout(cfg: RetoolConfig) -> RolloutConfig:
     )
 
 
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How a set of problems is sampled and judged."""
+
+    rollout: RolloutConfig  # the agent loop's settings; group_size = samples per problem
+    reward: RewardConfig  # the judge's settings (scored by correctness alone, whatever its reward function)
+    seed: int  # the run's seed; each chunk's seed follows from it
+    max_context_tokens: int  # prompt + response bound of one trajectory
+    per_batch: int  # problems per chunk (a chunk is sampled, judged and written at once)
+    per_problem_seeds: bool = False  # one problem per chunk, seeded by its id: any sharding samples the same
+
+    @classmethod
+    def of(cls, cfg: RetoolConfig, rollout: RolloutConfig, per_batch: int, per_problem_seeds: bool = False):
+        return cls(rollout, cfg.reward, cfg.seed, cfg.context_tokens(), per_batch, per_problem_seeds)
+
+
 def sample_problems(
     problems: list[MathExample],
-    cfg: RetoolConfig,
     out_dir: Path,
+    plan: SamplingPlan,
     engine: Engine,
     protocol: ToolProtocol,
     sandbox: CodeRunner | None,
-    verifier: Verifier,
-    rollout: RolloutConfig,
-    per_batch: int,
-    per_problem_seeds: bool = False,
+    verifier: Judge,
     progress: Any = None,
 ) -> list[dict]:
-    """Sample and judge every problem `rollout.group_size` times, skipping chunks already in samples.jsonl.
+    """Sample and judge every problem `plan.rollout.group_size` times, skipping chunks already in samples.jsonl.
 
-    Seeds follow the chunk index, or with `per_problem_seeds` (one problem per chunk) the problem id, so that
+    Seeds follow the chunk index, or with `plan.per_problem_seeds` (one problem per chunk) the problem id, so that
     any split of the problems into shards samples the same trajectories."""
+    rollout = plan.rollout
     path = out_dir / "samples.jsonl"
     done = {(r["problem_id"], r["sample_index"]) for r in read_samples(path)}
     if done:
@@ -133,17 +147,18 @@ def sample_problems(
             len(done),
             len(problems) * rollout.group_size,
         )
-    judge = replace(cfg.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0)
-    per_batch = 1 if per_problem_seeds else per_batch
+    judge = replace(plan.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0)
+    per_problem_seeds = plan.per_problem_seeds
+    per_batch = 1 if per_problem_seeds else plan.per_batch
     chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
     written = 0  # chunks this process appended
     for index, chunk in enumerate(chunks):
         if all((p.id, j) in done for p in chunk for j in range(rollout.group_size)):
             _advance(progress, len(chunk))
             continue
-        seed = cfg.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
+        seed = plan.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
         trajectories, _ = run_rollouts(
-            chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=cfg.context_tokens()
+            chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
         append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
