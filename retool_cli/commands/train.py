@@ -39,7 +39,7 @@ from retool_cli.rl.distributed import (
     shard,
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.step import Timer, collect, step_metrics, update
+from retool_cli.rl.step import StepPlan, Timer, collect, step_metrics, update
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
 from retool_cli.runtime import Runtime, open_runtime, run_folder
@@ -158,13 +158,14 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
         engine.update_weights(model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
+        plan = StepPlan.of(config)
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
             with timer("rollout_s"), weights_for(config, model):
-                batch, cursor = collect(config, examples, cursor, step, engine, protocol, sandbox, verifier)
+                batch, cursor = collect(plan, examples, cursor, step, engine, protocol, sandbox, verifier)
             engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
-                stats = update(config, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
+                stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
             engine.wake_up()
             # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
             engine.update_weights(model)

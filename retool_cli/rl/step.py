@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from retool_cli.config import LossAgg, RetoolConfig
+from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
@@ -33,6 +34,22 @@ from retool_cli.rl.optim import micro_batches, response_mask_matrix, sequence_lo
 from retool_cli.rollout.agent import Trajectory, run_rollouts
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What one RL step depends on, and nothing else of the config."""
+
+    trainer: TrainerConfig  # batch sizes, sampling rounds, epochs, mini-batches, the loss and its clipping
+    rollout: RolloutConfig  # the agent loop's settings (group_size: samples per question)
+    reward: RewardConfig  # the reward function and the judge's settings
+    seed: int  # the run's seed; each step's and round's seed follows from it
+    max_context_tokens: int  # prompt + response bound of one trajectory
+    shared_prefix: bool = False  # model.accelerate: each GRPO prompt computed once in the training forward
+
+    @classmethod
+    def of(cls, cfg: RetoolConfig) -> StepPlan:
+        return cls(cfg.trainer, cfg.rollout, cfg.reward, cfg.seed, cfg.context_tokens(), cfg.model.accelerate)
+
+
 def rollout_batch(
     trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None, metrics: dict | None = None
 ) -> Batch:
@@ -45,7 +62,7 @@ def rollout_batch(
 
 
 def collect(
-    cfg: RetoolConfig,
+    plan: StepPlan,
     examples: list[MathExample],
     cursor: int,
     step: int,
@@ -57,25 +74,25 @@ def collect(
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
     of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);
     the update then drops the all-equal groups."""
-    t = cfg.trainer
+    t = plan.trainer
     rounds: list[Batch] = []
     rank, size = world()
     for round_index in range(t.max_sampling_rounds if t.dynamic_sampling else 1):
         questions = take_batch(examples, cursor, t.questions_per_step)[rank::size]  # this process's share
         cursor += t.questions_per_step
-        seed = cfg.seed * 1_000_003 + step * 16 + round_index + rank * 7919
+        seed = plan.seed * 1_000_003 + step * 16 + round_index + rank * 7919
         got, metrics = run_rollouts(
-            questions, engine, protocol, sandbox, cfg.rollout, seed=seed, max_context_tokens=cfg.context_tokens()
+            questions, engine, protocol, sandbox, plan.rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         started = time.perf_counter()
-        scores = score_batch([x.response() for x in got], cfg.reward, verifier)
+        scores = score_batch([x.response() for x in got], plan.reward, verifier)
         metrics = {**metrics, "rollout/reward_s": time.perf_counter() - started}  # the judge's time
         rounds.append(rollout_batch(got, torch.tensor([s.reward for s in scores]), scores, metrics))
         if not t.dynamic_sampling:
             break
         so_far = Batch.concat(rounds)
         varied = ~degenerate_groups(so_far.tensors["reward"], group_ids(so_far.objects["trajectory"]))
-        if all_reduce_sum(int(varied.sum())) // cfg.rollout.group_size >= t.questions_per_step:
+        if all_reduce_sum(int(varied.sum())) // plan.rollout.group_size >= t.questions_per_step:
             break
     batch = Batch.concat(rounds)
     batch.meta["metrics"] = _merge_round_metrics(rounds)
@@ -111,10 +128,10 @@ def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
 
 
 def update(
-    cfg: RetoolConfig, model: Any, batch: Batch, optimizer: Any, scheduler: Any, pad_id: int, ref_model: Any = None
+    plan: StepPlan, model: Any, batch: Batch, optimizer: Any, scheduler: Any, pad_id: int, ref_model: Any = None
 ) -> dict[str, float]:
     """Policy-gradient updates on one rollout batch (`rollout_batch`); returns loss statistics."""
-    t = cfg.trainer
+    t = plan.trainer
     device = next(model.parameters()).device
     trajectories, rewards = batch.objects["trajectory"], batch.tensors["reward"]
     groups = group_ids(trajectories)
@@ -132,7 +149,7 @@ def update(
 
     def all_logprobs(m: Any) -> list[torch.Tensor]:
         return _all_logprobs(
-            m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast, cfg.model.accelerate
+            m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast, plan.shared_prefix
         )
 
     extra = {} if on_policy else {"old_logprobs": all_logprobs(model)}
@@ -163,7 +180,7 @@ def update(
                     logp, _, _ = sequence_logprobs(model, [[pad_id] * 2], pad_id, device, bf16_autocast=t.bf16_autocast)
                     (logp.sum() * 0.0).backward()
                     continue
-                loss, loss_stats, sums = _micro_loss(cfg, model, mini.index(group), pad_id, tokens, mini_size)
+                loss, loss_stats, sums = _micro_loss(plan, model, mini.index(group), pad_id, tokens, mini_size)
                 loss.backward()
                 total += float(loss.detach())
                 stats["clip_fraction"].append(loss_stats.clip_fraction)
@@ -189,12 +206,12 @@ def update(
 
 
 def _micro_loss(
-    cfg: RetoolConfig, model: Any, micro: Batch, pad_id: int, tokens: float, mini_size: float
+    plan: StepPlan, model: Any, micro: Batch, pad_id: int, tokens: float, mini_size: float
 ) -> tuple[torch.Tensor, Any, dict[str, float]]:
     """The loss of one micro-batch, scaled so that the micro-batches (and processes) of a mini-batch add up to
     its loss; its policy-loss statistics; sums for the step's metrics (entropy over the model's tokens, and
     the KL-to-reference term when there is one)."""
-    t = cfg.trainer
+    t = plan.trainer
     device = next(model.parameters()).device
     trajectories = micro.objects["trajectory"]
     prompt_lens = [len(x.prompt_ids) for x in trajectories]
@@ -206,7 +223,7 @@ def _micro_loss(
         bf16_autocast=t.bf16_autocast,
         entropy="loss" if t.entropy_coef > 0 else "metric",
         prompt_lens=prompt_lens,
-        shared_prefix=cfg.model.accelerate,
+        shared_prefix=plan.shared_prefix,
     )  # (B, L-1)
     width = logp.shape[1]
     mask = response_mask_matrix(prompt_lens, micro.objects["mask"], width, device)
@@ -221,7 +238,7 @@ def _micro_loss(
         clip_high=t.clip_high,
         aggregation=t.loss_agg,
         dual_clip=t.dual_clip,
-        max_tokens=cfg.rollout.max_response_tokens,
+        max_tokens=plan.rollout.max_response_tokens,
         loss_scale_tokens=float(tokens),
     )
     if t.loss_agg is not LossAgg.token_mean:  # per-sequence means: weight micro-batches by their share

@@ -14,7 +14,7 @@ from retool_cli.env.protocol import build_protocol
 from retool_cli.env.reward import Verifier
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.step import collect, step_metrics, update
+from retool_cli.rl.step import StepPlan, collect, step_metrics, update
 from tests.scripted import ScriptedEngine
 
 EOS = "<|im_end|>"
@@ -54,7 +54,9 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     protocol = build_protocol(cfg.protocol, tokenizer)
     with Verifier(timeout_s=5, workers=1) as verifier:
-        batch, cursor = collect(cfg, examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, None, verifier)
+        batch, cursor = collect(
+            StepPlan.of(cfg), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, None, verifier
+        )
     assert cursor == 4 and len(batch) == 16  # two rounds of 2 questions x 4 samples
     assert batch.tensors["reward"][:8].tolist() == [1.0] * 8
     assert sorted(batch.tensors["reward"][8:].tolist()) == [-1.0] * 4 + [1.0] * 4
@@ -62,7 +64,9 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     assert metrics["train/accuracy"] == pytest.approx(12 / 16) and metrics["rollout/turns"] == 1.0
 
     optimizer = build_optimizer(model, 1e-3, 0.0)
-    stats = update(cfg, model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), tokenizer.pad_token_id)
+    stats = update(
+        StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), tokenizer.pad_token_id
+    )
     assert stats["train/degenerate_group_rate"] == 0.5 and stats["train/optimizer_steps"] == 1.0
     assert stats["train/grad_norm"] > 0
 
@@ -70,7 +74,14 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     calls = itertools.count()
     with Verifier(timeout_s=5, workers=1) as verifier:
         once, cursor = collect(
-            config(dynamic=False), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, None, verifier
+            StepPlan.of(config(dynamic=False)),
+            examples,
+            0,
+            1,
+            ScriptedEngine(tokenizer, script),
+            protocol,
+            None,
+            verifier,
         )
     assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
 
@@ -95,7 +106,7 @@ def test_entropy_metric_and_bonus(tokenizer) -> None:
         cfg.trainer.entropy_coef, cfg.trainer.grad_clip = coef, 1e9
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         batch = rollout_batch(trajectories, torch.ones(4))  # equal rewards: every advantage is 0
-        stats = update(cfg, model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
+        stats = update(StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
         return stats, model
 
     def mean_entropy(model) -> float:
