@@ -123,14 +123,16 @@ def discard_if_empty(run_dir: Path) -> bool:
     writing anything), and its date folder if that is left empty. A folder with any output is kept."""
     import shutil
 
-    if not run_dir.is_dir():
+    here = Path.cwd().resolve()
+    if not run_dir.is_dir() or run_dir.resolve() in (here, *here.parents):  # hydra.run.dir=. stays
         return False
     names = {p.name for p in run_dir.iterdir()}
     if not names <= _BOOKKEEPING | {f.name for f in run_dir.glob("*.log")}:
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        run_dir.parent.rmdir()  # outputs/CMD/DATE, when this was its only run
+    if run_dir.resolve().is_relative_to(here / "outputs"):  # Hydra's outputs/CMD/DATE, when this was its only run
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()
     return True
 
 

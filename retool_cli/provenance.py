@@ -99,26 +99,34 @@ def data_record(data: DataConfig) -> dict[str, Any]:
 
 
 def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
-    """Every data input of the config, by the key that names it (files next to a prepared train.jsonl:
-    its manifest.json too)."""
-    files: dict[str, dict[str, Any]] = {"data": data_record(config.data)}
-    if config.benchmark.data is not None and config.command in ("eval", "train"):
-        files["benchmark.data"] = data_record(config.benchmark.data)
-    named = {
-        "trainer.train_file": config.trainer.train_file,
-        "sft.traces_file": config.sft.traces_file,
-        "filter.input": config.filter.input,
-        "decontam.input": config.decontam.input,
-    }
-    if config.command == "decontaminate":
-        named |= {f"decontam.benchmark_paths.{k}": v for k, v in config.decontam.benchmark_paths.items()}
-    for key, path in named.items():
+    """The data inputs this command reads, by the key that names them (a file's manifest.json beside it too).
+    Only those: hashing an unused train file, or asking the hub about an unused source, would cost start-up."""
+    c = config.command
+    sections: dict[str, Any] = {}
+    files: dict[str, str | None] = {}
+    if c == "eval":
+        sections = {"benchmark.data": config.benchmark.data} if config.benchmark.data else {"data": config.data}
+    elif c == "sft" and config.sft.traces_file:
+        files = {"sft.traces_file": config.sft.traces_file}
+    elif c in ("sft", "train") and config.trainer.train_file:
+        files = {"trainer.train_file": config.trainer.train_file}
+        sections = {"data": config.data} if c == "train" else {}  # train reads the dev split of `data` too
+    elif c == "filter-pass-rate" and config.filter.input:
+        files = {"filter.input": config.filter.input}
+    elif c == "decontaminate" and config.decontam.input:
+        files = {"decontam.input": config.decontam.input}
+    else:
+        sections = {"data": config.data}
+    if c == "decontaminate":
+        files |= {f"decontam.benchmark_paths.{k}": v for k, v in config.decontam.benchmark_paths.items()}
+    records = {key: data_record(section) for key, section in sections.items()}
+    for key, path in files.items():
         if path:
-            files[key] = file_record(path)
+            records[key] = file_record(path)
             manifest = Path(path).parent / "manifest.json"
             if manifest.is_file():
-                files[f"{key} manifest"] = file_record(str(manifest))
-    return files
+                records[f"{key} manifest"] = file_record(str(manifest))
+    return records
 
 
 def provenance(config: RetoolConfig, argv: list[str]) -> dict[str, Any]:

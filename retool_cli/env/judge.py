@@ -237,9 +237,10 @@ def judge(gold: str, pred: str) -> bool:
 
     if is_text(pred):  # a whole response: math-verify finds the answer in it
         return bool(verify(list(_parse(_as_math(gold))), list(_parse(_as_math(pred))), timeout_seconds=None))
-    gold_latex = gold if is_text(gold) else read_answer(gold, pred)
+    gold_is_text = is_text(gold)  # a reference may be a sentence with $...$ (math-verify's own suite)
+    gold_latex = gold if gold_is_text else read_answer(gold, pred)
     pred_latex = read_answer(pred, gold)
-    g = _with_imaginary_unit(list(_parse(_as_math(gold_latex) if is_text(gold) else f"${gold_latex}$")))
+    g = _with_imaginary_unit(list(_parse(_as_math(gold_latex) if gold_is_text else f"${gold_latex}$")))
     p = _with_imaginary_unit(list(_parse(f"${pred_latex}$")))
     if not g or not p:
         return False
@@ -247,9 +248,8 @@ def judge(gold: str, pred: str) -> bool:
     if region is None and hedged(gold_latex, pred_latex):
         return False
     if region is not None and (wanted := _region(p[0])) is not None:
-        return _exact(region) == _exact(
-            wanted
-        )  # sympy keeps sets canonical: (2, oo) from x > 2 is Interval.open(2, oo)
+        # sympy keeps sets canonical: (2, oo) from x > 2 is Interval.open(2, oo)
+        return _exact(region) == _exact(wanted)
     # float_rounding=12, not math-verify's 6: inside tuples, sets and matrices too, 1.0000001 is not 1
     verdict = bool(verify(g, p, float_rounding=12, allow_set_relation_comp=region is not None, timeout_seconds=None))
     return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)

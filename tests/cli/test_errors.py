@@ -46,15 +46,17 @@ def test_decontaminate_offline_names_the_key_that_takes_a_local_copy(tmp_path: P
     assert "decontam.benchmark_paths.aime24=FILE_OR_FOLDER" in out and "data.path=" not in out
 
 
-def test_discard_if_empty_keeps_any_folder_with_outputs(tmp_path: Path) -> None:
-    bare = tmp_path / "day" / "bare"
+def test_discard_if_empty_keeps_any_folder_with_outputs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert not discard_if_empty(tmp_path)  # the working folder itself (hydra.run.dir=.) is never removed
+    bare = tmp_path / "outputs" / "day" / "bare"
     (bare / ".hydra").mkdir(parents=True)
     (bare / "run_key.txt").write_text("k\n")
     (bare / "eval.log").write_text("")
     used = tmp_path / "day2" / "used"
     (used / ".hydra").mkdir(parents=True)
     (used / "samples.jsonl").write_text("{}\n")
-    assert discard_if_empty(bare) and not (tmp_path / "day").exists()  # its date folder went with it
+    assert discard_if_empty(bare) and not (tmp_path / "outputs" / "day").exists()  # its date folder went too
     assert not discard_if_empty(used) and (used / "samples.jsonl").exists()
 
 
