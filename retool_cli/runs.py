@@ -21,7 +21,7 @@ def config_key(cfg: RetoolConfig) -> str:
     keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
     keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+    return _digest(keep, 16)
 
 
 def find_resumable(
@@ -51,8 +51,9 @@ def write_key(out_dir: Path, key: str) -> None:
     (out_dir / KEY_FILE).write_text(key + "\n")
 
 
-def _digest(container: dict) -> str:
-    return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:12]
+def _digest(container: dict, length: int = 12) -> str:
+    """A short sha256 of a config as JSON (keys sorted)."""
+    return hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 def training_record(checkpoint: Path | None) -> dict | None:
