@@ -31,9 +31,15 @@ class MathExample:
     question: str
     answer: str
     data_source: str
+    # A program that prints the answer, where the source has one (the synthetic task): the code half of the
+    # synthesised SFT traces. Optional in the JSONL, and left out of it when empty.
+    solution_code: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        row = asdict(self)
+        if not self.solution_code:
+            del row["solution_code"]
+        return row
 
 
 _FIELDS = ("id", "question", "answer", "data_source")
@@ -72,6 +78,10 @@ def load_jsonl(path: str | Path) -> list[MathExample]:
                     problem = "missing" if value is None else "empty or not a string"
                     raise DataError(f"{path}:{line_no}: field {key!r} is {problem}")
                 values[key] = value
+            code = row.get("solution_code", "")
+            if not isinstance(code, str):
+                raise DataError(f"{path}:{line_no}: field 'solution_code' is not a string")
+            values["solution_code"] = code
             if values["id"] in first_line_of:
                 raise DataError(
                     f"{path}:{line_no}: duplicate id {values['id']!r} "
@@ -308,7 +318,8 @@ def to_examples(rows: Iterable[RawRow], cfg: DataConfig, stats: PrepareStats) ->
                 raise DataError(f"{raw.where}: column {cfg.columns.id!r} (id) is empty")
         else:
             example_id = f"{cfg.name}-{index}"
-        examples.append(MathExample(example_id, question, answer, cfg.name))
+        code = raw.fields.get("solution_code")
+        examples.append(MathExample(example_id, question, answer, cfg.name, code if isinstance(code, str) else ""))
     return examples
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retool_cli.data.dataset import MathExample, _parse_json_line
-from retool_cli.data.synthetic import solution_code
 from retool_cli.errors import DataError
 from retool_cli.interfaces import ToolProtocol
 
@@ -57,9 +56,16 @@ def synthetic_traces(
     eos = protocol.tokenizer.eos_token
     rng = random.Random(seed)
     traces = []
+    without = [e.id for e in examples if not e.solution_code]
+    if without:
+        raise DataError(
+            f"{len(without)} training problems (first: {without[0]!r}) have no 'solution_code' to write a trace "
+            "from: synthesised traces need the synthetic task's problems as `retool prepare` writes them "
+            "(data.source=synthetic); for other data give sft.traces_file"
+        )
     for example in examples:
         if rng.random() < code_fraction:
-            code = solution_code(example.question)
+            code = example.solution_code
             segments = [
                 ("model", f"Let me compute it.\n<code>\n```python\n{code}\n```\n</code>"),
                 ("tool", example.answer),  # what running that code prints (checked in the tests)

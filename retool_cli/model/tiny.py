@@ -95,7 +95,7 @@ def training_corpus(seed: int, n: int = 1800) -> list[str]:
 
     rng = random.Random(seed)
     lines = []
-    for _, question, answer in generate(SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed):
+    for _, question, answer, _ in generate(SyntheticConfig(num_examples=n, kinds=list(KINDS), difficulty=1), seed):
         lines.append(question)
         lines.append(f"Let me compute it.\n```python\nprint({rng.randint(2, 999)} * {rng.randint(2, 999)})\n```\n")
         lines.append(f"The result is {answer}. So the answer is \\boxed{{{answer}}}.")

@@ -31,7 +31,7 @@ def test_prepare_smoke_recipe(tmp_path: Path) -> None:
     for name in ("train.jsonl", "dev.jsonl"):
         assert manifest["files"][name]["sha256"] == sha256_file(run_dir / name)
     assert not {r["id"] for r in train} & {r["id"] for r in dev}
-    assert set(train[0]) == {"id", "question", "answer", "data_source"}
+    assert set(train[0]) == {"id", "question", "answer", "data_source", "solution_code"}
     assert "train.jsonl" in proc.stdout and "1800" in proc.stdout  # the summary table
 
 

@@ -44,7 +44,7 @@ def recompute(question: str) -> int:
 @pytest.mark.parametrize("difficulty", [1, 3, 5])
 def test_every_kind_answer_recomputes(difficulty: int) -> None:
     cfg = SyntheticConfig(num_examples=90, difficulty=difficulty, kinds=list(KINDS))
-    for _, question, answer in generate(cfg, seed=difficulty):
+    for _, question, answer, _ in generate(cfg, seed=difficulty):
         assert int(answer) == recompute(question), question
 
 
@@ -53,8 +53,8 @@ def test_deterministic_distinct_and_balanced() -> None:
     first, again, other = list(generate(cfg, 0)), list(generate(cfg, 0)), list(generate(cfg, 1))
     assert first == again
     assert first != other
-    assert len({q for _, q, _ in first}) == 400
-    counts = {kind: sum(i.startswith(kind) for i, _, _ in first) for kind in cfg.kinds}
+    assert len({q for _, q, _, _ in first}) == 400
+    counts = {kind: sum(i.startswith(kind) for i, _, _, _ in first) for kind in cfg.kinds}
     assert counts == dict.fromkeys(cfg.kinds, 100)
 
 

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from retool_cli.config import Isolation, SandboxConfig, SyntheticConfig
 from retool_cli.data.dataset import MathExample
-from retool_cli.data.synthetic import KINDS, generate, solution_code
+from retool_cli.data.synthetic import KINDS, generate
 from retool_cli.data.traces import dump_messages, message_traces, synthetic_traces
 from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.sandbox import Sandbox
@@ -24,13 +24,13 @@ def protocol():
 
 def examples(n: int) -> list[MathExample]:
     cfg = SyntheticConfig(num_examples=n, kinds=list(KINDS))
-    return [MathExample(i, q, a, "synthetic") for i, q, a in generate(cfg, 0)]
+    return [MathExample(i, q, a, "synthetic", code) for i, q, a, code in generate(cfg, 0)]
 
 
 def test_solution_code_prints_the_answer_in_the_sandbox() -> None:
     rows = examples(18)  # two of every kind
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2)) as sandbox:
-        results = sandbox.run_many([solution_code(e.question) for e in rows])
+        results = sandbox.run_many([e.solution_code for e in rows])
     assert [r.stdout.strip() for r in results] == [e.answer for e in rows]
 
 
@@ -52,6 +52,13 @@ def test_synthetic_traces_mix_and_masks(protocol) -> None:
         else:
             assert masked == "" and trained == text
     assert synthetic_traces(rows, protocol, 0.5, seed=0)[5].response_ids == traces[5].response_ids
+
+
+def test_synthetic_traces_refuse_problems_without_a_program(protocol) -> None:
+    rows = examples(3)
+    rows[1] = MathExample("dapo-7", "What is 2 + 2?", "4", "dapo")
+    with pytest.raises(DataError, match=r"1 training problems \(first: 'dapo-7'\).*sft.traces_file"):
+        synthetic_traces(rows, protocol, 0.5, seed=0)
 
 
 def test_message_traces(protocol, tmp_path) -> None:
