@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from retool_cli.config import SyntheticConfig
 from retool_cli.errors import ConfigError
 
-
 # A generated problem: (question, answer, a program that prints the answer). The program is written from the
 # same numbers as the question, for the SFT traces that call the interpreter.
 Problem = tuple[str, int, str]

@@ -13,14 +13,13 @@ with gradient checkpointing. `trainer.sequence_logprobs` decides when to use it.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from retool_cli.rl.distributed import is_sharded
-from retool_cli.rollout.kv_decoder import supports
+from retool_cli.rollout.kv_decoder import rotate, supports
 
 
 def usable(model: Any) -> bool:
@@ -80,9 +79,8 @@ def _projected(attn: Any, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tenso
     q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
     if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
         q, k = attn.q_norm(q), attn.k_norm(k)
-    apply_rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-    q, k = apply_rotary(q.transpose(1, 2), k.transpose(1, 2), *rope)
-    return q, k, v.transpose(1, 2)
+    cos, sin = rope[0][:, None], rope[1][:, None]  # (N, 1, T, D): the same for every head
+    return rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
 
 def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -362,7 +362,7 @@ class KVDecoder:
             qk = qk.view(batch, steps, -1, dim)  # (B, T, H + Hkv, D)
             if hasattr(attn, "q_norm"):  # Qwen3 normalises q and k per head
                 qk = torch.cat([_rms_norm(qk[:, :, :heads], attn.q_norm), _rms_norm(qk[:, :, heads:], attn.k_norm)], 2)
-            qk = _rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
+            qk = rotate(qk.transpose(1, 2), cos, sin)  # (B, H + Hkv, T, D)
             self.keys[index][:, :, start:end] = qk[:, heads:]
             self.values[index][:, :, start:end] = v.view(batch, steps, -1, dim).transpose(1, 2)
             out = self._attend(index, qk[:, :heads], end, bias, attn.scaling)  # (B, H, T, D)
@@ -405,7 +405,7 @@ def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary embedding of transformers' Llama-family models (rotate_half form) on x (B, N, T, D)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

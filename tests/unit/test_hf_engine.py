@@ -115,6 +115,21 @@ def test_packed_weights_follow_a_weight_change(through_data: bool) -> None:
     assert after.token_ids != before.token_ids
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_rotate_is_the_models_own_rotary_embedding_bit_for_bit(kind: str) -> None:
+    """kv_decoder.rotate stands in for the model module's apply_rotary_pos_emb in the decoder and in the
+    shared-prefix training pass; the training logprobs must not move by a bit when it does."""
+    import importlib
+
+    apply = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}").apply_rotary_pos_emb
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 4, 7, 16, generator=generator), torch.randn(3, 2, 7, 16, generator=generator)
+    cos, sin = torch.randn(3, 7, 16, generator=generator), torch.randn(3, 7, 16, generator=generator)
+    q_model, k_model = apply(q, k, cos, sin)
+    assert torch.equal(kv_decoder.rotate(q, cos[:, None], sin[:, None]), q_model)
+    assert torch.equal(kv_decoder.rotate(k, cos[:, None], sin[:, None]), k_model)
+
+
 def test_cpu_kernels_exp_and_rms_norm() -> None:
     """The numba kernels' pieces against numpy/torch: exp of softmax inputs (<= 0; -inf and anything below -87
     exactly 0), residual add + RMSNorm in place."""
