@@ -17,15 +17,9 @@ from rich.progress import Progress
 
 from retool_cli.config import Engine, RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
-from retool_cli.env.protocol import build_protocol, overlong_prompts
-from retool_cli.errors import ConfigError, DataError
-from retool_cli.eval.sampling import (
-    SamplingPlan,
-    eval_rollout,
-    resolve_checkpoint,
-    sample_problems,
-    summarize,
-)
+from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
+from retool_cli.errors import ConfigError
+from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
 from retool_cli.faults import die_if_due
 from retool_cli.model.loading import load_policy, load_tokenizer, training_precision
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
@@ -42,40 +36,10 @@ from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, step_metrics, update
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
-from retool_cli.runtime import Runtime, open_runtime, run_folder
+from retool_cli.runtime import open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
-
-
-def periodic_eval(config: RetoolConfig, problems: list, folder: Path, rt: Runtime) -> dict:
-    """The eval module on a slice of the dev split, with the benchmark's sampling settings."""
-    folder.mkdir(parents=True, exist_ok=True)
-    plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
-    rows = sample_problems(problems, folder, plan, rt.engine, rt.protocol, rt.sandbox, rt.judge)
-    metrics, _ = summarize(rows, problems, config.benchmark.n_samples, rt.judge, config.eval.bootstrap, config.seed)
-    n = config.benchmark.n_samples
-    return {
-        "eval/accuracy": metrics[f"avg@{n}"],
-        "eval/se_problems": metrics["se_problems"],
-        "eval/solved_with_code": metrics["solved_with_code"],
-        "eval/code_calls": metrics["code_calls"],
-    }
-
-
-def drop_overlong_prompts(examples: list, protocol: Any, max_tokens: int) -> list:
-    """Training questions whose prompt fits rollout.max_prompt_tokens (verl's filter_overlong_prompts), counted."""
-    overlong = {ex.id for ex in overlong_prompts(protocol, examples, max_tokens)}
-    if overlong:
-        log.warning(
-            "dropped %d of %d training questions whose prompt is longer than rollout.max_prompt_tokens=%d",
-            len(overlong),
-            len(examples),
-            max_tokens,
-        )
-        if len(overlong) == len(examples):
-            raise DataError(f"every training question's prompt is longer than rollout.max_prompt_tokens={max_tokens}")
-    return [ex for ex in examples if ex.id not in overlong]
 
 
 def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager:
@@ -173,8 +137,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
                     if rank == 0:
+                        folder = out_dir / "evals" / f"step_{step}"
                         row.update(
-                            periodic_eval(config, dev_split[: t.eval_problems], out_dir / "evals" / f"step_{step}", rt)
+                            dev_eval(config, dev_split[: t.eval_problems], folder, engine, protocol, sandbox, verifier)
                         )
             if rank == 0:
                 metrics.write(row)

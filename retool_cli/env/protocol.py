@@ -16,12 +16,13 @@ Token-in, token-out: the loop appends these ids to the ids it sampled; history i
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from retool_cli.config import ProtocolConfig, ProtocolName
-from retool_cli.errors import ConfigError
+from retool_cli.errors import ConfigError, DataError
 
 TOOL_NAME = "code_interpreter"
 TOOL_SCHEMA = {
@@ -244,3 +245,19 @@ def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | Chat
 def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list, max_tokens: int) -> list:
     """The examples whose templated prompt is longer than `max_tokens` (rollout.max_prompt_tokens)."""
     return [ex for ex in examples if len(protocol.prompt_ids(ex.question)) > max_tokens]
+
+
+def drop_overlong_prompts(examples: list, protocol: TaggedProtocol | ChatToolProtocol, max_tokens: int) -> list:
+    """Training questions whose prompt fits rollout.max_prompt_tokens (verl's filter_overlong_prompts), the
+    others dropped with a logged count; none left is an error."""
+    overlong = {ex.id for ex in overlong_prompts(protocol, examples, max_tokens)}
+    if overlong:
+        logging.getLogger(__name__).warning(
+            "dropped %d of %d training questions whose prompt is longer than rollout.max_prompt_tokens=%d",
+            len(overlong),
+            len(examples),
+            max_tokens,
+        )
+        if len(overlong) == len(examples):
+            raise DataError(f"every training question's prompt is longer than rollout.max_prompt_tokens={max_tokens}")
+    return [ex for ex in examples if ex.id not in overlong]

@@ -250,3 +250,26 @@ def summarize(
         **{f"stop_{reason}": mean([float(r["stop_reason"] == reason) for r in flat]) for reason in STOP_REASONS},
     }
     return metrics, table
+
+
+def dev_eval(
+    config: RetoolConfig,
+    problems: list[MathExample],
+    folder: Path,
+    engine: Engine,
+    protocol: ToolProtocol,
+    runner: CodeRunner,
+    judge: Judge,
+) -> dict[str, float]:
+    """Train's periodic eval: this module on a slice of the dev split, with the benchmark's sampling settings."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
+    rows = sample_problems(problems, folder, plan, engine, protocol, runner, judge)
+    n = config.benchmark.n_samples
+    metrics, _ = summarize(rows, problems, n, judge, config.eval.bootstrap, config.seed)
+    return {
+        "eval/accuracy": metrics[f"avg@{n}"],
+        "eval/se_problems": metrics["se_problems"],
+        "eval/solved_with_code": metrics["solved_with_code"],
+        "eval/code_calls": metrics["code_calls"],
+    }

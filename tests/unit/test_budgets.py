@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from retool_cli.commands.train import drop_overlong_prompts
 from retool_cli.config import ProtocolConfig
 from retool_cli.data.dataset import MathExample
-from retool_cli.env.protocol import build_protocol, overlong_prompts
+from retool_cli.env.protocol import build_protocol, drop_overlong_prompts, overlong_prompts
 from retool_cli.errors import DataError
 from retool_cli.model.tiny import tiny_model_path
 
