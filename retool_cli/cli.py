@@ -263,6 +263,32 @@ def eval_report(
         raise typer.Exit(1) from None
 
 
+@app.command("report")
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="run folders (train, eval, sft...) or folders holding them")],
+    out: Annotated[Path | None, typer.Option(help="where report.html goes (default: the first folder)")] = None,
+    compare: Annotated[
+        list[Path] | None, typer.Option(help="two eval run folders to compare (give it twice; default: the first two)")
+    ] = None,
+    max_trajectories: Annotated[int, typer.Option(help="trajectories per run in the page (whole problems)")] = 2000,
+    max_chars: Annotated[int, typer.Option(help="characters kept of each trajectory (cut in the middle)")] = 20_000,
+) -> None:
+    """One self-contained report.html: provenance, curves, eval results, a trajectory browser, a comparison."""
+    from retool_cli.errors import RetoolError
+    from retool_cli.report.page import write_report
+
+    try:
+        if compare is not None and len(compare) != 2:
+            raise typer.BadParameter("give --compare twice: two eval run folders", param_hint="--compare")
+        if max_trajectories < 1 or max_chars < 1000:
+            raise typer.BadParameter("--max-trajectories must be >= 1 and --max-chars >= 1000")
+        path = write_report(runs, out or runs[0], tuple(compare) if compare else None, max_trajectories, max_chars)
+    except RetoolError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path}")
+
+
 @app.command("copy-recipe")
 def copy_recipe(
     name: Annotated[str, typer.Argument(help="a shipped recipe (see `retool train --help` for the list)")],

@@ -269,6 +269,9 @@ class TrainerConfig:
     max_sampling_rounds: int = 3  # cap on extra rollout batches per step with dynamic sampling
     save_every: int = 50  # checkpoint every N steps (and at the end)
     keep_last: int = 2  # checkpoints kept on disk
+    # trajectories of each step written to rollouts.jsonl for `retool report` (half right, half wrong where the
+    # step has both; seeded); 0 keeps none. Bounded: steps x this many rows.
+    keep_rollouts: int = 4
     resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never
     eval_every: int = 0  # evaluate on the dev split every N steps with the benchmark's sampling (0 = off)
     eval_problems: int = 64  # dev problems of a periodic evaluation
@@ -293,6 +296,7 @@ class TrainerConfig:
         _check(self.kl_estimator in ("k1", "k3"), "trainer.kl_estimator", "must be k1 or k3")
         for key in ("epochs_per_batch", "mini_batches", "micro_batch_tokens", "save_every", "keep_last"):
             _check(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
+        _check(self.keep_rollouts >= 0, "trainer.keep_rollouts", "must be >= 0")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from retool_cli.rl.distributed import (
     shard,
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.step import StepPlan, Timer, collect, step_metrics, update
+from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
 from retool_cli.runtime import open_runtime, run_folder
@@ -142,7 +142,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                             dev_eval(config, dev_split[: t.eval_problems], folder, engine, protocol, sandbox, verifier)
                         )
             if rank == 0:
-                metrics.write(row)
+                metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step))
             progress.update(
                 task,
                 completed=step,

@@ -21,12 +21,12 @@ from typing import Any
 
 from retool_cli.config import RetoolConfig, RewardConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data.dataset import MathExample, prepare_dataset
-from retool_cli.env.reward import Verifier, score_batch
+from retool_cli.env.reward import RewardScore, Verifier, score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
 from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
-from retool_cli.rollout.agent import STOP_REASONS, run_rollouts
+from retool_cli.rollout.agent import STOP_REASONS, Trajectory, run_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def sample_problems(
             chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
-        append_rows(path, [_sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
+        append_rows(path, [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
         _advance(progress, len(chunk))
@@ -173,24 +173,33 @@ def _advance(progress: Any, n: int) -> None:
         progress(n)
 
 
-def _sample_row(t: Any, s: Any, seed: int) -> dict:
+def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict:
+    """One judged trajectory as samples.jsonl (eval) and rollouts.jsonl (train) keep it: what `summarize` and
+    `retool report` read. `seed`: the sampling seed (eval). `segments`: ["model" | "tool", text] in order
+    (tool: the interpreter's output as the model saw it)."""
     statuses = Counter(r["status"] for r in t.tool_results)
     return {
         "problem_id": t.example.id,
         "sample_index": t.sample_index,
         "seed": seed,
+        "question": t.example.question,
+        "reference": t.example.answer,
         "answer": s.extracted,
         "correct": s.correct,
+        "reward": s.reward,
         "formatted": s.formatted,
+        "overlong_penalty": s.overlong_penalty,
         "truncated": t.truncated,
         "judge_timed_out": s.timed_out,
         "turns": t.turns,
         "code_calls": len(t.code_calls),
         "code_errors": statuses["error"],
         "code_timeouts": statuses["timeout"],
+        "prompt_tokens": len(t.prompt_ids),
         "response_tokens": len(t.response_ids),
+        "model_tokens": sum(t.response_mask),
         "stop_reason": t.stop_reason,
-        "text": t.text,
+        "segments": [list(segment) for segment in t.segments],
     }
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from retool_cli.errors import ConfigError
+from retool_cli.files import write_jsonl
 from retool_cli.model.loading import is_lora, merged_state_dict
 from retool_cli.rl.distributed import load_optimizer_state
 
@@ -90,6 +91,7 @@ class MetricsLog:
         self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None, config: dict | None = None
     ) -> None:
         self.path = run_dir / "metrics.jsonl"
+        self.rollouts_path = run_dir / "rollouts.jsonl"
         self.tensorboard = self.wandb = None
         try:
             if tensorboard:
@@ -117,21 +119,31 @@ class MetricsLog:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines of steps after the checkpoint (they will be redone identically)."""
-        kept = [row for row in self.rows() if row["step"] <= step]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        """On resume: drop lines of steps after the checkpoint (they will be redone identically), in
+        metrics.jsonl and rollouts.jsonl."""
+        for path in (self.path, self.rollouts_path):
+            if path.exists():
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                write_jsonl(path, [row for row in rows if row["step"] <= step])
 
-    def write(self, row: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+    def write(self, row: dict, rollouts: list[dict] = ()) -> None:
+        """A step's metrics, and the trajectories kept of it (each tagged with the step) in rollouts.jsonl."""
+        if rollouts:
+            _append(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
+        _append(self.path, [row])
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tensorboard is not None:
             for key, value in scalars.items():
                 self.tensorboard.add_scalar(key, value, row["step"])
         if self.wandb is not None:
             self.wandb.log(scalars, step=row["step"])
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:

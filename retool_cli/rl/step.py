@@ -9,6 +9,7 @@ take_batch(cursor) --run_rollouts--> trajectories (token ids as sampled, tool to
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch
 from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
+from retool_cli.eval.sampling import sample_row
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
 from retool_cli.rl.batch import Batch
@@ -316,6 +318,21 @@ def step_metrics(batch: Batch, timings: dict, device: torch.device | None = None
     if device is not None and device.type == "cuda":
         out["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
+
+
+def kept_rollouts(batch: Batch, count: int, seed: int) -> list[dict]:
+    """Up to `count` of a step's trajectories as rows for rollouts.jsonl (`retool report` browses them): half
+    right and half wrong where the step has both, picked with their own seeded generator (the run's random
+    streams are untouched)."""
+    trajectories, scores = batch.objects["trajectory"], batch.objects["score"]
+    rng = random.Random(seed)
+    right = [i for i, s in enumerate(scores) if s.correct]
+    wrong = [i for i, s in enumerate(scores) if not s.correct]
+    rng.shuffle(right)
+    rng.shuffle(wrong)
+    half = min(len(right), max(count // 2, count - len(wrong)))
+    chosen = sorted(right[:half] + wrong[: count - half])
+    return [sample_row(trajectories[i], scores[i], None) for i in chosen]
 
 
 class Timer:

@@ -40,7 +40,9 @@ def test_eval_smoke_end_to_end(tmp_path: Path) -> None:
     assert metrics["pass@1"] == metrics["avg@4"]
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert len(samples) == 24 and len({(s["problem_id"], s["sample_index"]) for s in samples}) == 24
-    assert {"text", "answer", "correct", "turns", "code_calls", "stop_reason", "seed"} <= set(samples[0])
+    assert {"segments", "answer", "correct", "turns", "code_calls", "stop_reason", "seed", "question"} <= set(
+        samples[0]
+    )
     assert len(results["problems"]) == 6 and results["protocol"]["n_samples"] == 4
     assert "avg@4 (pass@1)" in proc.stdout and "se, over problems" in proc.stdout
 
@@ -61,7 +63,7 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
 
     def texts(folder: Path) -> list:
         rows = read_jsonl(next(folder.rglob("samples.jsonl")))
-        return sorted((r["problem_id"], r["sample_index"], r["text"]) for r in rows)
+        return sorted((r["problem_id"], r["sample_index"], str(r["segments"])) for r in rows)
 
     assert texts(broken) == texts(whole)
 

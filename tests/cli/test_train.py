@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import die_after, run_retool
+from tests.helpers import die_after, read_jsonl, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
@@ -70,6 +71,11 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
     assert comparable(metrics_of(broken)) == comparable(reference)
+    # the trajectories kept for `retool report`: up to keep_rollouts a step, the same after the resume
+    [kept] = [read_jsonl(p) for p in whole.rglob("rollouts.jsonl")]
+    assert sorted({r["step"] for r in kept}) == [1, 2, 3, 4] and max(Counter(r["step"] for r in kept).values()) <= 4
+    assert {"segments", "reward", "correct", "question", "reference", "stop_reason"} <= set(kept[0])
+    assert [read_jsonl(p) for p in broken.rglob("rollouts.jsonl")] == [kept]
     [run] = [p.parent for p in broken.rglob("final.txt")]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3", "step_4"]  # keep_last=2
     assert (run / "train.png").exists()

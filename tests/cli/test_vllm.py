@@ -48,7 +48,7 @@ def test_greedy_eval_through_vllm_equals_the_hf_engines(sft_run: Path, tmp_path:
     assert results["vllm"]["protocol"]["engine"] == "vllm" and results["hf"]["protocol"]["engine"] == "hf"
     samples = {e: read_jsonl(tmp_path / e / "samples.jsonl") for e in results}
     assert len(samples["vllm"]) == 8
-    assert [s["text"] for s in samples["vllm"]] == [s["text"] for s in samples["hf"]]
+    assert [s["segments"] for s in samples["vllm"]] == [s["segments"] for s in samples["hf"]]
     assert results["vllm"]["metrics"] == results["hf"]["metrics"]
 
 

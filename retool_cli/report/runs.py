@@ -1,0 +1,167 @@
+"""What `retool report` reads: the run folders under the paths it is given, each as one record.
+
+    paths --find_runs--> run folders (provenance.json, metrics.jsonl or results.json in them)
+      --read_run--> {name, command, provenance, key config values, training curves, eval results}
+    samples.jsonl (eval) and rollouts.jsonl (train) --read_trajectories--> the rows the browser shows,
+      bounded (whole problems sampled with a fixed seed; long texts cut in the middle), with the counts of
+      what was left out
+
+Every file is read as the commands write it; a file that is not theirs is an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from retool_cli.errors import DataError
+
+# Config values shown on a run's card: what a reader needs to tell runs apart (all of it is in
+# .hydra/config.yaml in the run folder).
+CARD_KEYS = {
+    "train": [
+        "seed", "model.name_or_path", "trainer.init_from", "rollout.engine", "trainer.total_steps",
+        "trainer.questions_per_step", "rollout.group_size", "trainer.lr", "trainer.advantage", "trainer.loss_agg",
+        "trainer.clip_low", "trainer.clip_high", "trainer.kl_coef", "reward.function", "rollout.max_turns",
+        "rollout.max_response_tokens", "rollout.temperature",
+    ],
+    "eval": [
+        "seed", "model.name_or_path", "ckpt", "rollout.engine", "benchmark.name", "benchmark.n_samples",
+        "benchmark.temperature", "benchmark.top_p", "benchmark.max_response_tokens", "rollout.max_turns",
+    ],
+    "other": ["seed", "model.name_or_path", "data.source", "data.name"],
+}  # fmt: skip
+RUN_FILES = ("provenance.json", "metrics.jsonl", "results.json")
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders at or under each path, in the order the paths are given (sorted within one path)."""
+    found: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            raise DataError(f"{path}: no such folder")
+        folders = sorted({f.parent for name in RUN_FILES for f in path.rglob(name) if "checkpoints" not in f.parts})
+        found += [f for f in folders if f not in found]
+    if not found:
+        raise DataError(f"no run folders (with {', '.join(RUN_FILES)}) under {', '.join(map(str, paths))}")
+    return found
+
+
+def read_run(folder: Path, index: int) -> dict[str, Any]:
+    """One run: what the report's cards, curves and tables show (no trajectories: see read_trajectories)."""
+    provenance = _read_json(folder / "provenance.json") if (folder / "provenance.json").exists() else {}
+    results = _read_json(folder / "results.json") if (folder / "results.json").exists() else None
+    config = _read_yaml(folder / ".hydra" / "config.yaml")
+    words = provenance.get("command_line", "").split()
+    command = config.get("command") or (words[1] if len(words) > 1 else "?")
+    if results is not None:
+        command = "eval"
+    keys = CARD_KEYS.get(command, CARD_KEYS["other"])
+    return {
+        "id": f"run{index}",
+        "folder": str(folder),
+        "name": f"{command} {folder.name}",
+        "command": command,
+        "provenance": provenance,
+        "config": {key: _lookup(config, key) for key in keys if _lookup(config, key) is not None},
+        "metrics": read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [],
+        "results": results,
+    }
+
+
+def read_trajectories(
+    run: dict[str, Any], max_rows: int, max_chars: int, seed: int = 0
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The eval samples or training rollouts of a run, tagged with the run, at most `max_rows` of them: whole
+    problems (all their samples) drawn with `seed` when there are more. Returns the rows and the counts
+    {total, shown, problems, problems_shown}."""
+    folder = Path(run["folder"])
+    path = folder / ("samples.jsonl" if run["command"] == "eval" else "rollouts.jsonl")
+    rows = read_jsonl(path) if path.exists() else []
+    by_problem: dict[str, list[dict]] = {}
+    for row in rows:
+        by_problem.setdefault(f"{row.get('step', '')}/{row['problem_id']}", []).append(row)
+    keys = list(by_problem)
+    if len(rows) > max_rows:
+        random.Random(seed).shuffle(keys)
+        chosen, count = [], 0
+        for key in keys:
+            if count + len(by_problem[key]) > max_rows:
+                continue
+            chosen.append(key)
+            count += len(by_problem[key])
+        keys = sorted(chosen, key=list(by_problem).index)  # back in file order
+    shown = [trim(dict(row, run=run["id"]), max_chars) for key in keys for row in by_problem[key]]
+    counts = {"total": len(rows), "shown": len(shown), "problems": len(by_problem), "problems_shown": len(keys)}
+    return shown, counts
+
+
+def trim(row: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """A trajectory with its text cut to about `max_chars` characters: each segment keeps its share from both
+    ends (the start shows the approach, the end the answer), the cut marked with how much was left out."""
+    segments = row.get("segments") or [["model", row.get("text", "")]]
+    total = sum(len(text) for _, text in segments)
+    if total > max_chars:
+        cut = []
+        for kind, text in segments:
+            keep = max(200, max_chars * len(text) // total)
+            if len(text) > keep:
+                note = f"\n[... {len(text) - keep} characters cut by the report ...]\n"
+                text = text[: keep // 2] + note + text[-keep // 2 :]
+            cut.append([kind, text])
+        segments = cut
+    row["segments"] = segments
+    row.pop("text", None)
+    return row
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file the commands write; a torn last line (a run killed mid-write) is skipped."""
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if line_no == len(lines):
+                break
+            raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{line_no}: expected a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    return value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        value = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DataError(f"{path}: malformed YAML ({exc})") from None
+    return value if isinstance(value, dict) else {}
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
