@@ -25,7 +25,11 @@ from retool_cli.report.svg import line_chart
 log = logging.getLogger(__name__)
 ASSETS = Path(__file__).parent / "assets"
 SECTIONS = ("runs", "training", "evaluation", "comparison", "trajectories")
-MAX_FLIPS_SHOWN = 200  # flipped problems whose trajectories are embedded side by side
+MAX_FLIPS_SHOWN = 200
+RUNS_NOTE = (
+    '<p class="muted">Each run\'s provenance (provenance.json: command, commit, versions, data and their hashes, '
+    "seed) and its key config values (.hydra/config.yaml). Open a run to see them.</p>"
+)  # flipped problems whose trajectories are embedded side by side
 
 
 def write_report(
@@ -110,7 +114,7 @@ def _page(runs: list[dict], data: dict, paths: list[Path]) -> str:
         if any(analysis.metric_value(row, key) is not None for run in train_runs for row in run["metrics"])
     ]
     sections = [
-        _section("runs", "Runs", "".join(_card(run) for run in runs)),
+        _section("runs", "Runs", RUNS_NOTE + "".join(_card(run) for run in runs)),
         _section("training", "Training", f'<div class="charts">{"".join(charts)}</div>' if charts else _none("runs")),
         _section("evaluation", "Evaluation", _eval_section(eval_rows, eval_groups, eval_chart, eval_names)),
         _section("comparison", "Comparison", '<div id="comparison-view"></div>'),

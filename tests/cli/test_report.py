@@ -37,12 +37,16 @@ SMALL_EVAL = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sweep/train/seed_{1,2} and sweep/eval/seed_{1,2} (each seed's checkpoint on the same six problems)."""
+    """sweep/train/seed_{1,2} and sweep/eval/ckpt_{0,1}: each seed's checkpoint on the same six problems."""
     root = tmp_path_factory.mktemp("report")
-    sweep = ["hydra.sweep.subdir=seed_${seed}", "seed=1,2"]
-    run_retool("train", "-m", *SMALL_TRAIN, *sweep, "hydra.sweep.dir=sweep/train", cwd=root, check=True)
-    evals = ["ckpt=sweep/train/seed_${seed}", "hydra.sweep.dir=sweep/eval"]
-    run_retool("eval", "-m", *SMALL_EVAL, *sweep, *evals, cwd=root, check=True)
+    sweep = ["hydra.sweep.subdir=seed_${seed}", "seed=1,2", "hydra.sweep.dir=sweep/train"]
+    run_retool("train", "-m", *SMALL_TRAIN, *sweep, cwd=root, check=True)
+    evals = [
+        "ckpt=sweep/train/seed_1,sweep/train/seed_2",
+        "hydra.sweep.dir=sweep/eval",
+        "hydra.sweep.subdir=ckpt_${hydra.job.num}",
+    ]
+    run_retool("eval", "-m", *SMALL_EVAL, *evals, cwd=root, check=True)
     return root
 
 
@@ -80,9 +84,8 @@ def test_one_self_contained_file_with_every_run(runs: Path) -> None:
     for row in comparison["rows"]:
         for side, run_id in (("acc_a", comparison["a"]), ("acc_b", comparison["b"])):
             folder = next(r["folder"] for r in data["runs"] if r["id"] == run_id)
-            mine = [
-                s["correct"] for s in read_jsonl(Path(folder) / "samples.jsonl") if s["problem_id"] == row["problem_id"]
-            ]
+            rows = read_jsonl(runs / folder / "samples.jsonl")
+            mine = [s["correct"] for s in rows if s["problem_id"] == row["problem_id"]]
             assert row[side] == sum(mine) / len(mine)
         assert (row["flip"] == "same") == ((row["acc_a"] >= 0.5) == (row["acc_b"] >= 0.5))
     # training curves per seed and their mean
@@ -102,8 +105,11 @@ def test_the_page_is_bounded_by_whole_problems_and_says_so(runs: Path) -> None:
 def test_bad_input_is_named_and_writes_nothing(runs: Path) -> None:
     proc = run_retool("report", "no/such/folder", "--out", "bad", cwd=runs)
     assert proc.returncode == 1 and "no/such/folder: no such folder" in proc.stderr
-    proc = run_retool("report", "sweep/eval", "--compare", "sweep/train/seed_1", "--out", "bad", cwd=runs)
-    assert proc.returncode == 1 and "not an eval run folder" in proc.stderr
+    proc = run_retool("report", "sweep/eval", "--compare", "sweep/eval/ckpt_0", "--out", "bad", cwd=runs)
+    assert proc.returncode == 2 and "give --compare twice" in proc.stderr
+    pair = ["--compare", "sweep/train/seed_1", "--compare", "sweep/eval/ckpt_0"]
+    proc = run_retool("report", "sweep", *pair, "--out", "bad", cwd=runs)
+    assert proc.returncode == 1 and "sweep/train/seed_1: not an eval run folder" in proc.stderr
     assert not (runs / "bad").exists()
 
 
@@ -112,7 +118,17 @@ def test_in_a_browser_offline_with_filters_that_agree_with_the_data(runs: Path, 
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    html, data = build(runs, "sweep/train", "sweep/eval", out="browse")
+    # a third eval run whose majority verdict differs from ckpt_0's on every problem, so that the comparison
+    # has flips to click whatever two tiny checkpoints did
+    flipped = runs / "flipped"
+    shutil.copytree(runs / "sweep" / "eval" / "ckpt_0", flipped, dirs_exist_ok=True)
+    rows = read_jsonl(flipped / "samples.jsonl")
+    right = {p: sum(r["correct"] for r in rows if r["problem_id"] == p) >= 2 for p in {r["problem_id"] for r in rows}}
+    (flipped / "samples.jsonl").write_text(
+        "".join(json.dumps({**r, "correct": not right[r["problem_id"]]}) + "\n" for r in rows)
+    )
+    pair = ["--compare", "sweep/eval/ckpt_0", "--compare", "flipped"]
+    html, data = build(runs, "sweep/train", "sweep/eval", "flipped", *pair, out="browse")
     shown = data["trajectories"]
     driver = open_browser()
     try:
@@ -150,10 +166,16 @@ def test_in_a_browser_offline_with_filters_that_agree_with_the_data(runs: Path, 
             assert driver.find_elements(By.CSS_SELECTOR, "#trajectory-list pre.code")  # code drawn as code
         # the comparison: a flipped problem opens one trajectory of each checkpoint side by side
         flips = driver.find_elements(By.CSS_SELECTOR, "#flip-table tr.flip")
-        assert len(flips) == sum(r["flip"] != "same" for r in data["comparison"]["rows"])
-        if flips:
-            flips[0].click()
-            assert len(driver.find_elements(By.CSS_SELECTOR, "#side-by-side .trajectory")) == 2
+        summary = re.search(
+            r"wrong -> right on (\d+), right -> wrong on (\d+)", driver.find_element(By.ID, "comparison-view").text
+        )
+        assert len(flips) == 6 == int(summary.group(1)) + int(summary.group(2))
+        problem = flips[0].text.split()[0]
+        flips[0].click()
+        side = driver.find_elements(By.CSS_SELECTOR, "#side-by-side .trajectory")
+        assert len(side) == 2 and all(problem in card.text for card in side)
+        verdicts = [card.get_attribute("data-correct") for card in side]
+        assert verdicts == ["1", "0"] if right[problem] else verdicts == ["0", "1"]
         assert all(url.startswith(("file:", "data:")) for url in requested_urls(driver))
         assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     finally:
@@ -165,7 +187,7 @@ def test_model_output_is_shown_as_text_never_run_as_html(runs: Path) -> None:
     from selenium.webdriver.common.by import By
 
     folder = runs / "hostile"
-    shutil.copytree(runs / "sweep" / "eval" / "seed_1", folder)
+    shutil.copytree(runs / "sweep" / "eval" / "ckpt_0", folder)
     rows = read_jsonl(folder / "samples.jsonl")
     attack = '</script><img id="pwned" src="x" onerror="document.title=\'pwned\'"><b>bold</b>'
     rows[0]["segments"] = [["model", f"I think {attack}"], ["tool", attack]]
