@@ -270,8 +270,10 @@ def report(
     compare: Annotated[
         list[Path] | None, typer.Option(help="two eval run folders to compare (give it twice; default: the first two)")
     ] = None,
-    max_trajectories: Annotated[int, typer.Option(help="trajectories per run in the page (whole problems)")] = 2000,
-    max_chars: Annotated[int, typer.Option(help="characters kept of each trajectory (cut in the middle)")] = 20_000,
+    max_trajectories: Annotated[
+        int, typer.Option(help="trajectories in the page, shared by the runs (whole problems, seeded)")
+    ] = 2000,
+    max_chars: Annotated[int, typer.Option(help="characters kept of each trajectory (cut in the middle)")] = 8000,
 ) -> None:
     """One self-contained report.html: provenance, curves, eval results, a trajectory browser, a comparison."""
     from retool_cli.errors import RetoolError

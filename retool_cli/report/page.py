@@ -19,7 +19,7 @@ from typing import Any
 from retool_cli.errors import DataError
 from retool_cli.files import atomic_open
 from retool_cli.report import analysis
-from retool_cli.report.runs import find_runs, read_jsonl, read_run, read_trajectories, trim
+from retool_cli.report.runs import find_runs, read_jsonl, read_run, read_trajectories, trajectory_file, trim
 from retool_cli.report.svg import line_chart
 
 log = logging.getLogger(__name__)
@@ -37,14 +37,17 @@ def write_report(
     out: Path,
     compare: tuple[Path, Path] | None = None,
     max_trajectories: int = 2000,
-    max_chars: int = 20_000,
+    max_chars: int = 8000,
 ) -> Path:
-    """Write out/report.html for the runs under `paths`. At most `max_trajectories` trajectories per run go
-    into the browser (whole problems, drawn with a fixed seed), each cut to about `max_chars` characters."""
+    """Write out/report.html for the runs under `paths`. At most `max_trajectories` trajectories go into the
+    browser, shared equally by the runs that have some (whole problems, drawn with a fixed seed), each cut to
+    about `max_chars` characters: a page of a few to tens of MB however large the runs."""
     runs = [read_run(folder, i) for i, folder in enumerate(find_runs(paths))]
+    with_rows = [run for run in runs if trajectory_file(run).exists()]
+    per_run = max(1, max_trajectories // max(1, len(with_rows)))
     trajectories, counts = [], {}
-    for run in runs:
-        shown, counts[run["id"]] = read_trajectories(run, max_trajectories, max_chars)
+    for run in with_rows:
+        shown, counts[run["id"]] = read_trajectories(run, per_run, max_chars)
         trajectories += shown
     comparison = _comparison(runs, compare, max_chars)
     problems: dict[str, dict[str, str]] = {}

@@ -79,8 +79,7 @@ def read_trajectories(
     """The eval samples or training rollouts of a run, tagged with the run, at most `max_rows` of them: whole
     problems (all their samples) drawn with `seed` when there are more. Returns the rows and the counts
     {total, shown, problems, problems_shown}."""
-    folder = Path(run["folder"])
-    path = folder / ("samples.jsonl" if run["command"] == "eval" else "rollouts.jsonl")
+    path = trajectory_file(run)
     rows = read_jsonl(path) if path.exists() else []
     by_problem: dict[str, list[dict]] = {}
     for row in rows:
@@ -98,6 +97,11 @@ def read_trajectories(
     shown = [trim(dict(row, run=run["id"]), max_chars) for key in keys for row in by_problem[key]]
     counts = {"total": len(rows), "shown": len(shown), "problems": len(by_problem), "problems_shown": len(keys)}
     return shown, counts
+
+
+def trajectory_file(run: dict[str, Any]) -> Path:
+    """Where a run keeps its trajectories: an eval's samples, a training run's kept rollouts."""
+    return Path(run["folder"]) / ("samples.jsonl" if run["command"] == "eval" else "rollouts.jsonl")
 
 
 def trim(row: dict[str, Any], max_chars: int) -> dict[str, Any]:

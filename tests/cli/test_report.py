@@ -95,7 +95,7 @@ def test_one_self_contained_file_with_every_run(runs: Path) -> None:
 def test_the_page_is_bounded_by_whole_problems_and_says_so(runs: Path) -> None:
     _, data = build(runs, "sweep/eval", "--max-trajectories", "10", "--max-chars", "1000", out="small")
     by_run = Counter(t["run"] for t in data["trajectories"])
-    assert all(count <= 10 for count in by_run.values())
+    assert all(count <= 5 for count in by_run.values())  # 10 shared by the two runs
     for run_id, counts in data["counts"].items():
         assert counts["total"] == 24 and counts["shown"] == by_run[run_id] == 4 * counts["problems_shown"]
     for t in data["trajectories"]:
