@@ -1,14 +1,19 @@
-"""What the commands that sample (eval, filter-pass-rate, train) open before their loop, built in one place:
-the checkpoint applied to the config, the run folder (a fresh one or the unfinished run of the same config),
-and a Runtime (tokenizer, tool protocol, engine, code runner, judge) opened by one `with`, closed together."""
+"""What the commands open before their loop, built in one place: the values a config leaves to the run
+resolved once, before anything reads them (`ckpt=` as the model to load, the training precision of
+`model.dtype=auto`, each process's sandbox uids and device), the run folder (a fresh one or the unfinished run
+of the same config), and a Runtime (tokenizer, tool protocol, engine, code runner, judge) opened by one
+`with`, closed together. Core code below the commands takes the config as it leaves here and never rewrites it."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from retool_cli.config import Engine as EngineName
 from retool_cli.config import ProtocolName, RetoolConfig
@@ -16,8 +21,11 @@ from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.eval.sampling import resolve_checkpoint
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
+from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
 from retool_cli.runs import find_resumable, write_key
+
+log = logging.getLogger(__name__)
 
 
 def with_checkpoint(config: RetoolConfig) -> RetoolConfig:
@@ -25,6 +33,49 @@ def with_checkpoint(config: RetoolConfig) -> RetoolConfig:
     if not config.ckpt:
         return config
     return replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
+
+
+def training_precision(config: RetoolConfig) -> RetoolConfig:
+    """The precision `sft` and `train` train in. AdamW must update fp32 weights: an update smaller than half
+    a weight's bfloat16 spacing rounds away, and at RL learning rates (1e-6) that is almost every update
+    (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
+    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and with
+    `rollout.dtype=auto` the engine still samples in bfloat16 (vLLM in its own dtype; hf from a bf16 copy,
+    except under FSDP2). An explicit bfloat16/float16 `model.dtype` trains those weights as they are, with
+    a warning. LoRA runs keep the frozen base in `model.dtype`. Eval and sampling keep `auto` = bf16."""
+    model, trainer, rollout = config.model, config.trainer, config.rollout
+    # LoRA: only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
+    if model.lora_rank:
+        return config
+    device = resolve_device(model.device)
+    if model.dtype == "auto" and device.type == "cuda":
+        log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
+        if rollout.dtype == "auto" and (rollout.engine is EngineName.vllm or not trainer.fsdp):
+            rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
+        return replace(
+            config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True), rollout=rollout
+        )
+    if resolve_dtype(model.dtype, device) != torch.float32:
+        log.warning(
+            "model.dtype=%s: training updates %s weights directly; AdamW steps smaller than half "
+            "a weight's spacing in %s are lost (at RL learning rates, most of them). For mixed "
+            "precision use model.dtype=float32 trainer.bf16_autocast=true (what model.dtype=auto "
+            "picks on CUDA).",
+            model.dtype,
+            model.dtype,
+            model.dtype,
+        )
+    return config
+
+
+def for_this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig:
+    """The config as this process runs it: under several processes its own sandbox uids and device; the
+    training precision resolved (model.dtype=auto on CUDA: fp32 weights under bf16 autocast)."""
+    if size > 1:
+        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
+        if torch.cuda.is_available():
+            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
+    return training_precision(config)
 
 
 def run_folder(config: RetoolConfig, run_dir: Path, key: str, finished: str, progress: str = "samples.jsonl") -> Path:

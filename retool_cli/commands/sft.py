@@ -14,9 +14,10 @@ from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.data.traces import message_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
-from retool_cli.model.loading import load_policy, load_tokenizer, training_precision
+from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, plot_metrics, save_checkpoint
 from retool_cli.rl.optim import build_optimizer, build_scheduler, micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.runtime import training_precision
 
 log = logging.getLogger(__name__)
 

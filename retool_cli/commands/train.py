@@ -7,7 +7,6 @@ import contextlib
 import copy
 import logging
 import random
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
 from retool_cli.faults import die_if_due
-from retool_cli.model.loading import load_policy, load_tokenizer, training_precision
+from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.distributed import (
     barrier,
@@ -36,7 +35,7 @@ from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
 from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
-from retool_cli.runtime import open_runtime, run_folder
+from retool_cli.runtime import for_this_process, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
@@ -65,16 +64,6 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     return model, source
 
 
-def this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig:
-    """The config as this process runs it: under several processes its own sandbox uids and device; the
-    training precision resolved (model.dtype=auto on CUDA: fp32 weights under bf16 autocast)."""
-    if size > 1:
-        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
-        if torch.cuda.is_available():
-            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
-    return training_precision(config)
-
-
 def training_examples(config: RetoolConfig) -> tuple[list, list]:
     """The training questions in this run's one seeded order (steps take consecutive slices), and the dev split
     of the `data` section for periodic evals. A bad or empty file fails here, naming its key."""
@@ -91,7 +80,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     rank, size = init_distributed()
     if t.nproc > 1 and size == 1:
         return launch_processes(t.nproc, run_dir)
-    config = this_process(config, rank, size)
+    config = for_this_process(config, rank, size)
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if t.resume == "auto" else run_dir
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None

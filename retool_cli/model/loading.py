@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import Engine, ModelConfig, RetoolConfig
+from retool_cli.config import ModelConfig
 from retool_cli.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,39 +30,6 @@ def resolve_dtype(name: str, device: torch.device, key: str = "model.dtype") -> 
     if name not in dtypes:
         raise ConfigError(f"{key}={name!r}: use one of auto, {', '.join(dtypes)}")
     return dtypes[name]
-
-
-def training_precision(config: RetoolConfig) -> RetoolConfig:
-    """The precision `sft` and `train` train in. AdamW must update fp32 weights: an update smaller than half
-    a weight's bfloat16 spacing rounds away, and at RL learning rates (1e-6) that is almost every update
-    (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
-    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and with
-    `rollout.dtype=auto` the engine still samples in bfloat16 (vLLM in its own dtype; hf from a bf16 copy,
-    except under FSDP2). An explicit bfloat16/float16 `model.dtype` trains those weights as they are, with
-    a warning. LoRA runs keep the frozen base in `model.dtype`. Eval and sampling keep `auto` = bf16."""
-    model, trainer, rollout = config.model, config.trainer, config.rollout
-    # LoRA: only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
-    if model.lora_rank:
-        return config
-    device = resolve_device(model.device)
-    if model.dtype == "auto" and device.type == "cuda":
-        log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
-        if rollout.dtype == "auto" and (rollout.engine is Engine.vllm or not trainer.fsdp):
-            rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
-        return replace(
-            config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True), rollout=rollout
-        )
-    if resolve_dtype(model.dtype, device) != torch.float32:
-        log.warning(
-            "model.dtype=%s: training updates %s weights directly; AdamW steps smaller than half "
-            "a weight's spacing in %s are lost (at RL learning rates, most of them). For mixed "
-            "precision use model.dtype=float32 trainer.bf16_autocast=true (what model.dtype=auto "
-            "picks on CUDA).",
-            model.dtype,
-            model.dtype,
-            model.dtype,
-        )
-    return config
 
 
 def model_path(cfg: ModelConfig) -> str:
@@ -115,7 +82,6 @@ def load_policy(
 ) -> Any:
     """The policy to train, in train mode: weights from `source` (default: `cfg.name_or_path`), optional
     gradient checkpointing, and LoRA adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
-    from dataclasses import replace
 
     model = load_model(replace(cfg, name_or_path=source or cfg.name_or_path))
     if gradient_checkpointing:  # newer transformers name it activation checkpointing; the old name warns

@@ -10,8 +10,8 @@ import torch
 
 from retool_cli.config import Engine, RetoolConfig
 from retool_cli.errors import ConfigError
-from retool_cli.model.loading import training_precision
 from retool_cli.rollout import vllm_dtype
+from retool_cli.runtime import training_precision
 
 
 def config(**model) -> RetoolConfig:
