@@ -7,6 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+# A training run of seconds on the smoke recipe: 2 steps of 2 questions x 2 samples, a small synthetic set.
+SMALL_TRAIN = [
+    "recipe=dapo_smoke",
+    "trainer.total_steps=2",
+    "trainer.save_every=2",
+    "trainer.questions_per_step=2",
+    "rollout.group_size=2",
+    "rollout.max_response_tokens=48",
+    "data.synthetic.num_examples=60",
+]
+
 
 def run_retool(
     *args: str, cwd: Path, check: bool = False, timeout: float = 300, env: dict[str, str] | None = None

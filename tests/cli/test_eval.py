@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers import die_after, read_jsonl, run_retool, write_jsonl
+from tests.helpers import SMALL_TRAIN, die_after, read_jsonl, run_retool, write_jsonl
 
 SMALL = [
     "recipe=dapo_smoke",
@@ -130,21 +130,12 @@ def test_multirun_and_report(tmp_path: Path) -> None:
 
 def test_the_documented_seed_sweep_ends_with_a_result_over_seeds(tmp_path: Path) -> None:
     """README's one-liner, shrunk: train seeds 1,2 -> evaluate each seed's checkpoint -> one result over seeds."""
-    small_train = [
-        "trainer.total_steps=2",
-        "trainer.save_every=2",
-        "trainer.questions_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_response_tokens=48",
-        "data.synthetic.num_examples=60",
-        "data.dev_size=4",
-    ]
     run_retool(
         "train",
         "-m",
-        "recipe=dapo_smoke",
         "seed=1,2",
-        *small_train,
+        *SMALL_TRAIN,
+        "data.dev_size=4",
         "hydra.sweep.dir=sweep/train",
         "hydra.sweep.subdir=seed_${seed}",
         cwd=tmp_path,

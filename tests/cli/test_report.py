@@ -12,18 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.browser import open_browser, requested_urls, require_browser
-from tests.helpers import read_jsonl, run_retool
+from tests.helpers import SMALL_TRAIN, read_jsonl, run_retool
 
-SMALL_TRAIN = [
-    "recipe=dapo_smoke",
-    "trainer.total_steps=2",
-    "trainer.save_every=2",
-    "trainer.questions_per_step=2",
-    "rollout.group_size=2",
-    "rollout.max_response_tokens=48",
-    "data.synthetic.num_examples=60",
-    "data.dev_size=6",
-]
 SMALL_EVAL = [
     "recipe=dapo_smoke",
     "benchmark.max_problems=6",
@@ -40,7 +30,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sweep/train/seed_{1,2} and sweep/eval/ckpt_{0,1}: each seed's checkpoint on the same six problems."""
     root = tmp_path_factory.mktemp("report")
     sweep = ["hydra.sweep.subdir=seed_${seed}", "seed=1,2", "hydra.sweep.dir=sweep/train"]
-    run_retool("train", "-m", *SMALL_TRAIN, *sweep, cwd=root, check=True)
+    run_retool("train", "-m", *SMALL_TRAIN, "data.dev_size=6", *sweep, cwd=root, check=True)
     evals = [
         "ckpt=sweep/train/seed_1,sweep/train/seed_2",
         "hydra.sweep.dir=sweep/eval",
