@@ -83,7 +83,7 @@ def group_rows(rows: list[dict]) -> list[dict]:
         results.append(
             {
                 "setting": setting,
-                "label": _label([r["training_run"] or r["model"] for r in members]),
+                "label": label_of([r["training_run"] or r["model"] for r in members]),
                 "benchmark": members[0]["benchmark"],
                 "step": step,
                 "seeds": [_seed(r) for r in members],
@@ -105,7 +105,7 @@ def _seed(row: dict) -> int | None:
     return row["training_seed"] if row["training_seed"] is not None else row["seed"]
 
 
-def _label(paths: list[str]) -> str:
+def label_of(paths: list[str]) -> str:
     """A setting's name: its run path, or the common part of its runs' paths with `*` where they differ."""
     if len(set(paths)) == 1:
         return paths[0]

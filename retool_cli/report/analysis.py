@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retool_cli.eval.report import group_rows, run_row
+from retool_cli.eval.report import group_rows, label_of, run_row
 from retool_cli.report.svg import PALETTE, Series
 
 # (metrics.jsonl key, chart title); "time/*" is summed into the step time
@@ -51,13 +51,13 @@ def training_series(runs: list[dict[str, Any]], key: str) -> list[Series]:
         if run["metrics"]:
             settings.setdefault(setting_of(run), []).append(run)
     series = []
-    for index, (setting, members) in enumerate(settings.items()):
+    for index, members in enumerate(settings.values()):
         color = PALETTE[index % len(PALETTE)]
         lines = []
         for run in members:
             points = [(r["step"], metric_value(r, key)) for r in run["metrics"] if "step" in r]
             lines.append([(x, y) for x, y in points if y is not None])
-        label = _short(setting)
+        label = label_of([run["folder"] for run in members])  # the folder, or a sweep's folders as seed_*
         if len(members) == 1:
             series.append(Series(label, lines[0], color))
             continue
@@ -130,7 +130,3 @@ def _accuracy_by_problem(rows: list[dict]) -> dict[str, float]:
 
 def _seed(row: dict) -> int | None:
     return row["training_seed"] if row["training_seed"] is not None else row["seed"]
-
-
-def _short(setting: str, width: int = 60) -> str:
-    return setting if len(setting) <= width else setting[: width - 3] + "..."

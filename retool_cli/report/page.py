@@ -209,7 +209,7 @@ def _eval_section(rows: list[dict], groups: list[dict], chart: list, names: list
         '<h3>Over seeds</h3><table class="data"><tr><th>setting</th><th>step</th><th>seeds</th><th>mean avg@n</th>'
         f"<th>std (seeds)</th><th>se (seeds)</th><th>se (sampling)</th></tr>{over_seeds}</table>"
     )
-    title = "accuracy avg@n (%), mean over seeds, +-1.96 se"
+    title = "eval accuracy avg@n (%), +-1.96 se"
     chart_html = line_chart(title, chart, "setting" if names else "training step", (0, 100), names)
     return f'<div class="charts">{chart_html}</div><table class="data">{head}{body}</table>{seeds_table}'
 

@@ -48,7 +48,8 @@ def line_chart(
     for tick in _ticks(y0, y1):
         parts.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{py(tick):.1f}" y2="{py(tick):.1f}" class="grid"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{py(tick) + 3:.1f}" class="tick" text-anchor="end">{_fmt(tick)}</text>')
-    x_ticks = list(enumerate(x_names)) if x_names else [(tick, _fmt(tick)) for tick in _ticks(x0, x1)]
+    whole = all(float(x).is_integer() for x in xs)  # steps: no tick between two steps
+    x_ticks = list(enumerate(x_names)) if x_names else [(t, _fmt(t)) for t in _ticks(x0, x1, whole=whole)]
     for tick, name in x_ticks:
         where = f'x="{px(tick):.1f}" y="{HEIGHT - BOTTOM + 14}"'
         parts.append(f'<text {where} class="tick" text-anchor="middle">{escape(name)}</text>')
@@ -86,11 +87,13 @@ def _span(low: float, high: float) -> tuple[float, float]:
     return low, high
 
 
-def _ticks(low: float, high: float, count: int = 4) -> list[float]:
-    """Round tick values inside [low, high]."""
+def _ticks(low: float, high: float, count: int = 4, whole: bool = False) -> list[float]:
+    """Round tick values inside [low, high] (whole numbers only, with `whole`)."""
     raw = (high - low) / count
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 2.5, 5, 10) if m * step >= raw)
+    if whole:
+        step = max(1, round(step))
     first = math.ceil(low / step) * step
     return [first + i * step for i in range(int((high - first) / step) + 1)]
 
