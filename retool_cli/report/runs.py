@@ -64,7 +64,7 @@ def read_run(folder: Path, index: int) -> dict[str, Any]:
     return {
         "id": f"run{index}",
         "folder": str(folder),
-        "name": f"{command} {folder.name}",
+        "name": command if folder.name == command else f"{command} {folder.name}",
         "command": command,
         "provenance": provenance,
         "config": {key: _lookup(config, key) for key in keys if _lookup(config, key) is not None},
