@@ -27,15 +27,22 @@ CARD_KEYS = {
         "seed", "model.name_or_path", "trainer.init_from", "rollout.engine", "trainer.total_steps",
         "trainer.questions_per_step", "rollout.group_size", "trainer.lr", "trainer.advantage", "trainer.loss_agg",
         "trainer.clip_low", "trainer.clip_high", "trainer.kl_coef", "reward.function", "rollout.max_turns",
-        "rollout.max_response_tokens", "rollout.temperature",
+        "rollout.max_response_tokens", "rollout.temperature", "protocol.name",
     ],
     "eval": [
         "seed", "model.name_or_path", "ckpt", "rollout.engine", "benchmark.name", "benchmark.n_samples",
         "benchmark.temperature", "benchmark.top_p", "benchmark.max_response_tokens", "rollout.max_turns",
+        "protocol.name",
     ],
     "other": ["seed", "model.name_or_path", "data.source", "data.name"],
 }  # fmt: skip
 RUN_FILES = ("provenance.json", "metrics.jsonl", "results.json")
+# the system prompt each tool protocol puts before the question (config.ProtocolConfig)
+SYSTEM_PROMPT_KEY = {
+    "retool_tags": "system_prompt",
+    "chat_tool": "chat_tool_system_prompt",
+    "none": "text_only_system_prompt",
+}
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -61,13 +68,16 @@ def read_run(folder: Path, index: int) -> dict[str, Any]:
     if results is not None:
         command = "eval"
     keys = CARD_KEYS.get(command, CARD_KEYS["other"])
+    card = {key: _lookup(config, key) for key in keys if _lookup(config, key) is not None}
+    if "protocol.name" in card:  # what the model saw before each question
+        card["system prompt"] = _lookup(config, f"protocol.{SYSTEM_PROMPT_KEY.get(card['protocol.name'], '')}")
     return {
         "id": f"run{index}",
         "folder": str(folder),
         "name": command if folder.name == command else f"{command} {folder.name}",
         "command": command,
         "provenance": provenance,
-        "config": {key: _lookup(config, key) for key in keys if _lookup(config, key) is not None},
+        "config": card,
         "metrics": read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [],
         "results": results,
     }

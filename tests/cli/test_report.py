@@ -62,7 +62,7 @@ def test_one_self_contained_file_with_every_run(runs: Path) -> None:
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?!data:|#)[a-z]+:""", text)  # nothing loaded from outside
     assert "<script src" not in text and "@import" not in text
     assert [r["command"] for r in data["runs"]] == ["train", "train", "eval", "eval"]
-    for name in ("provenance", "commit", "versions", "trainer.lr", "benchmark.n_samples"):
+    for name in ("provenance", "commit", "versions", "trainer.lr", "benchmark.n_samples", "system prompt"):
         assert name in text
     # every eval sample and every kept training rollout is in the browser (well under the bound here)
     rollouts = [row for path in (runs / "sweep" / "train").rglob("rollouts.jsonl") for row in read_jsonl(path)]
