@@ -284,11 +284,10 @@ def report(
             raise typer.BadParameter("give --compare twice: two eval run folders", param_hint="--compare")
         if max_trajectories < 1 or max_chars < 1000:
             raise typer.BadParameter("--max-trajectories must be >= 1 and --max-chars >= 1000")
-        path = write_report(runs, out or runs[0], tuple(compare) if compare else None, max_trajectories, max_chars)
+        write_report(runs, out or runs[0], tuple(compare) if compare else None, max_trajectories, max_chars)
     except RetoolError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"wrote {path}")
 
 
 @app.command("copy-recipe")

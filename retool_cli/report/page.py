@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -22,14 +21,13 @@ from retool_cli.report import analysis
 from retool_cli.report.runs import find_runs, read_jsonl, read_run, read_trajectories, trajectory_file, trim
 from retool_cli.report.svg import line_chart
 
-log = logging.getLogger(__name__)
 ASSETS = Path(__file__).parent / "assets"
 SECTIONS = ("runs", "training", "evaluation", "comparison", "trajectories")
-MAX_FLIPS_SHOWN = 200
+MAX_FLIPS_SHOWN = 200  # flipped problems whose trajectories are embedded side by side
 RUNS_NOTE = (
     '<p class="muted">Each run\'s provenance (provenance.json: command, commit, versions, data and their hashes, '
     "seed) and its key config values (.hydra/config.yaml). Open a run to see them.</p>"
-)  # flipped problems whose trajectories are embedded side by side
+)
 
 
 def write_report(
@@ -68,14 +66,14 @@ def write_report(
         handle.write(html)
     shown = sum(c["shown"] for c in counts.values())
     total = sum(c["total"] for c in counts.values())
-    log.info("wrote %s: %d runs, %d of %d trajectories, %.1f MB", path, len(runs), shown, total, len(html) / 1e6)
+    print(f"wrote {path}: {len(runs)} runs, {shown} of {total} trajectories in the page, {len(html) / 1e6:.1f} MB")
     return path
 
 
 def _comparison(runs: list[dict], chosen: tuple[Path, Path] | None, max_chars: int) -> dict[str, Any] | None:
     """Two eval runs on the same problems: the chosen folders, else the first two eval runs sharing problems."""
     evals = [r for r in runs if r["command"] == "eval"]
-    samples = {r["id"]: read_jsonl(Path(r["folder"]) / "samples.jsonl") for r in evals}
+    samples = {r["id"]: read_jsonl(trajectory_file(r)) if trajectory_file(r).exists() else [] for r in evals}
     if chosen is not None:
         pair = []
         for folder in chosen:
