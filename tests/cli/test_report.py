@@ -41,9 +41,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build(root: Path, *args: str, out: str = "report") -> tuple[Path, dict]:
-    run_retool("report", *args, "--out", out, cwd=root, check=True)
+    proc = run_retool("report", *args, "--out", out, cwd=root, check=True)
     html = root / out / "report.html"
-    return html, page_data(html)
+    data = page_data(html)
+    shown, total = (sum(c[k] for c in data["counts"].values()) for k in ("shown", "total"))
+    assert f"wrote {out}/report.html: {len(data['runs'])} runs, {shown} of {total} trajectories" in proc.stdout
+    return html, data
 
 
 def page_data(html: Path) -> dict:
