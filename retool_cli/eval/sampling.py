@@ -9,24 +9,22 @@ killed run continued later samples exactly what the uninterrupted run would have
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import zlib
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from retool_cli.config import RetoolConfig, RewardConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data.dataset import MathExample, prepare_dataset
-from retool_cli.env.reward import RewardScore, Verifier, score_batch
+from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
+from retool_cli.files import append_jsonl, read_jsonl_log
 from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
-from retool_cli.rollout.agent import STOP_REASONS, Trajectory, run_rollouts
+from retool_cli.rollout.agent import STOP_REASONS, run_rollouts, sample_row
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +67,7 @@ def training_step(path: str | None) -> int | None:
 
 def read_samples(path: Path) -> list[dict]:
     """Rows of samples.jsonl; a torn last line (a kill in mid-write) is cut off the file."""
-    if not path.exists():
-        return []
-    rows, good_bytes = [], 0
-    with open(path, "rb") as handle:
-        for line in handle:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-            good_bytes += len(line)
-    if good_bytes < path.stat().st_size:
-        with open(path, "r+b") as handle:
-            handle.truncate(good_bytes)
-    return rows
-
-
-def append_rows(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        handle.flush()
-        os.fsync(handle.fileno())
+    return read_jsonl_log(path, cut_torn_tail=True)
 
 
 # ------------------------------------------------------------------ sampling
@@ -161,7 +139,7 @@ def sample_problems(
             chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
-        append_rows(path, [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
+        append_jsonl(path, [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
         _advance(progress, len(chunk))
@@ -171,36 +149,6 @@ def sample_problems(
 def _advance(progress: Any, n: int) -> None:
     if progress is not None:
         progress(n)
-
-
-def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict:
-    """One judged trajectory as samples.jsonl (eval) and rollouts.jsonl (train) keep it: what `summarize` and
-    `retool report` read. `seed`: the sampling seed (eval). `segments`: ["model" | "tool", text] in order
-    (tool: the interpreter's output as the model saw it)."""
-    statuses = Counter(r["status"] for r in t.tool_results)
-    return {
-        "problem_id": t.example.id,
-        "sample_index": t.sample_index,
-        "seed": seed,
-        "question": t.example.question,
-        "reference": t.example.answer,
-        "answer": s.extracted,
-        "correct": s.correct,
-        "reward": s.reward,
-        "formatted": s.formatted,
-        "overlong_penalty": s.overlong_penalty,
-        "truncated": t.truncated,
-        "judge_timed_out": s.timed_out,
-        "turns": t.turns,
-        "code_calls": len(t.code_calls),
-        "code_errors": statuses["error"],
-        "code_timeouts": statuses["timeout"],
-        "prompt_tokens": len(t.prompt_ids),
-        "response_tokens": len(t.response_ids),
-        "model_tokens": sum(t.response_mask),
-        "stop_reason": t.stop_reason,
-        "segments": [list(segment) for segment in t.segments],
-    }
 
 
 # ------------------------------------------------------------------ summary

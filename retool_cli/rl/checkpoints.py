@@ -3,7 +3,6 @@ exact resume, and the metrics log (metrics.jsonl, TensorBoard, W&B) with its plo
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 from retool_cli.errors import ConfigError
-from retool_cli.files import write_jsonl
+from retool_cli.files import append_jsonl, read_jsonl_log, write_jsonl
 from retool_cli.model.loading import is_lora, merged_state_dict
 from retool_cli.rl.distributed import load_optimizer_state
 
@@ -114,36 +113,26 @@ class MetricsLog:
             ) from exc
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_jsonl_log(self.path)
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop lines of steps after the checkpoint (they will be redone identically), in
         metrics.jsonl and rollouts.jsonl."""
         for path in (self.path, self.rollouts_path):
             if path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                write_jsonl(path, [row for row in rows if row["step"] <= step])
+                write_jsonl(path, [row for row in read_jsonl_log(path) if row["step"] <= step])
 
-    def write(self, row: dict, rollouts: list[dict] = ()) -> None:
+    def write(self, row: dict, rollouts: list[dict] | None = None) -> None:
         """A step's metrics, and the trajectories kept of it (each tagged with the step) in rollouts.jsonl."""
         if rollouts:
-            _append(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
-        _append(self.path, [row])
+            append_jsonl(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
+        append_jsonl(self.path, [row])
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tensorboard is not None:
             for key, value in scalars.items():
                 self.tensorboard.add_scalar(key, value, row["step"])
         if self.wandb is not None:
             self.wandb.log(scalars, step=row["step"])
-
-
-def _append(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:

@@ -20,7 +20,6 @@ import torch
 from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
-from retool_cli.eval.sampling import sample_row
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
 from retool_cli.rl.batch import Batch
@@ -33,7 +32,7 @@ from retool_cli.rl.distributed import (
     world,
 )
 from retool_cli.rl.optim import micro_batches, response_mask_matrix, sequence_logprobs
-from retool_cli.rollout.agent import Trajectory, run_rollouts
+from retool_cli.rollout.agent import Trajectory, run_rollouts, sample_row
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from retool_cli.config import RolloutConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import format_result
-from retool_cli.env.reward import Response
+from retool_cli.env.reward import Response, RewardScore
 from retool_cli.env.sandbox import SandboxError
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.rollout.hf_engine import Generation, Sampling
@@ -61,6 +61,36 @@ class Trajectory:
     def response(self) -> Response:
         """What the reward scores."""
         return Response(self.final_text, self.example.answer, self.truncated, len(self.response_ids))
+
+
+def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict:
+    """One judged trajectory as samples.jsonl (eval) and rollouts.jsonl (train) keep it: what `summarize` and
+    `retool report` read. `seed`: the sampling seed (eval). `segments`: ["model" | "tool", text] in order
+    (tool: the interpreter's output as the model saw it)."""
+    statuses = Counter(r["status"] for r in t.tool_results)
+    return {
+        "problem_id": t.example.id,
+        "sample_index": t.sample_index,
+        "seed": seed,
+        "question": t.example.question,
+        "reference": t.example.answer,
+        "answer": s.extracted,
+        "correct": s.correct,
+        "reward": s.reward,
+        "formatted": s.formatted,
+        "overlong_penalty": s.overlong_penalty,
+        "truncated": t.truncated,
+        "judge_timed_out": s.timed_out,
+        "turns": t.turns,
+        "code_calls": len(t.code_calls),
+        "code_errors": statuses["error"],
+        "code_timeouts": statuses["timeout"],
+        "prompt_tokens": len(t.prompt_ids),
+        "response_tokens": len(t.response_ids),
+        "model_tokens": sum(t.response_mask),
+        "stop_reason": t.stop_reason,
+        "segments": [list(segment) for segment in t.segments],
+    }
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from retool_cli.errors import DataError
+from retool_cli.files import read_jsonl_log
 from retool_cli.report.analysis import compare, metric_value, representative, setting_of, training_series
-from retool_cli.report.runs import read_jsonl, read_trajectories, trim
+from retool_cli.report.runs import bounded, trim
 from retool_cli.report.svg import Series, _ticks, line_chart
 
 
@@ -28,28 +28,31 @@ def test_trim_keeps_both_ends_of_each_segment_and_says_how_much_was_cut() -> Non
     assert trim({"text": "an old row"}, 2000)["segments"] == [["model", "an old row"]]  # samples from before segments
 
 
-def test_read_trajectories_draws_whole_problems_with_a_fixed_seed(tmp_path: Path) -> None:
+def test_bounded_draws_whole_problems_with_a_fixed_seed() -> None:
     rows = [sample(f"p{p}", i, i == 0) for p in range(10) for i in range(4)]
-    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = {"id": "run0", "folder": str(tmp_path), "command": "eval"}
-    shown, counts = read_trajectories(run, max_rows=13, max_chars=1000)
+    shown, counts = bounded(rows, "run0", max_rows=13, max_chars=1000)
     assert counts == {"total": 40, "shown": 12, "problems": 10, "problems_shown": 3}
     problems = {t["problem_id"] for t in shown}
     assert all(sum(t["problem_id"] == p for t in shown) == 4 for p in problems)  # whole problems only
     assert [t["problem_id"] for t in shown] == sorted((t["problem_id"] for t in shown), key=lambda p: int(p[1:]))
-    assert read_trajectories(run, 13, 1000)[0] == shown  # the same draw every time
+    assert bounded(rows, "run0", 13, 1000)[0] == shown  # the same draw every time
     assert all(t["run"] == "run0" for t in shown)
-    everything, counts = read_trajectories(run, max_rows=100, max_chars=1000)
+    everything, counts = bounded(rows, "run0", max_rows=100, max_chars=1000)
     assert len(everything) == 40 and counts["shown"] == 40
 
 
 def test_a_torn_last_line_is_skipped_but_a_bad_line_inside_is_named(tmp_path: Path) -> None:
     path = tmp_path / "samples.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
-    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    assert read_jsonl_log(path) == [{"a": 1}, {"a": 2}]
+    assert path.read_text().endswith('{"a": ')  # a reader (the report) leaves the file as it is
+    assert read_jsonl_log(path, cut_torn_tail=True) == [{"a": 1}, {"a": 2}]
+    assert path.read_text() == '{"a": 1}\n{"a": 2}\n'  # a resuming run appends after whole lines
     path.write_text('{"a": 1}\nnot json\n{"a": 3}\n')
     with pytest.raises(DataError, match=r"samples.jsonl:2: malformed JSON"):
-        read_jsonl(path)
+        read_jsonl_log(path, cut_torn_tail=True)
+    assert path.read_text() == '{"a": 1}\nnot json\n{"a": 3}\n'  # nothing cut after a bad line inside
+    assert read_jsonl_log(tmp_path / "absent.jsonl") == []
 
 
 def test_compare_counts_majority_flips_and_sorts_the_changes_first() -> None:
