@@ -46,13 +46,3 @@ def requested_urls(driver) -> list[str]:
         if message["method"] == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
     return urls
-
-
-def screenshot(html: Path, png: Path, width: int = 1400, height: int = 1000) -> None:
-    """A picture of the page as a person first sees it (used for the README's)."""
-    driver = open_browser(width, height)
-    try:
-        driver.get(html.resolve().as_uri())
-        driver.save_screenshot(str(png))
-    finally:
-        driver.quit()

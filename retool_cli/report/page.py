@@ -2,7 +2,7 @@
 are all inside the file, so it opens from a cluster's file system or a mail attachment).
 
     paths --runs.find_runs / read_run--> runs --analysis--> cards, curves (SVG), eval tables, comparison
-    samples.jsonl / rollouts.jsonl --runs.read_trajectories (bounded)--> the trajectory browser's data (JSON)
+    samples.jsonl / rollouts.jsonl, read once --runs.bounded--> the trajectory browser's data (JSON)
 
 The page's script (assets/report.js) only filters, pages and draws trajectories from that JSON.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.errors import DataError
-from retool_cli.files import atomic_open
+from retool_cli.files import atomic_open, read_jsonl_log
 from retool_cli.report import analysis
-from retool_cli.report.runs import find_runs, read_jsonl, read_run, read_trajectories, trajectory_file, trim
+from retool_cli.report.runs import bounded, find_runs, read_run, trajectory_file, trim
 from retool_cli.report.svg import line_chart
 
 ASSETS = Path(__file__).parent / "assets"
@@ -41,13 +41,14 @@ def write_report(
     browser, shared equally by the runs that have some (whole problems, drawn with a fixed seed), each cut to
     about `max_chars` characters: a page of a few to tens of MB however large the runs."""
     runs = [read_run(folder, i) for i, folder in enumerate(find_runs(paths))]
-    with_rows = [run for run in runs if trajectory_file(run).exists()]
-    per_run = max(1, max_trajectories // max(1, len(with_rows)))
+    # each run's samples or rollouts, read once: for the browser and for the comparison
+    rows_of = {run["id"]: read_jsonl_log(trajectory_file(run)) for run in runs if trajectory_file(run).exists()}
+    per_run = max(1, max_trajectories // max(1, len(rows_of)))
     trajectories, counts = [], {}
-    for run in with_rows:
-        shown, counts[run["id"]] = read_trajectories(run, per_run, max_chars)
+    for run_id, rows in rows_of.items():
+        shown, counts[run_id] = bounded(rows, run_id, per_run, max_chars)
         trajectories += shown
-    comparison = _comparison(runs, compare, max_chars)
+    comparison = _comparison(runs, rows_of, compare, max_chars)
     problems: dict[str, dict[str, str]] = {}
     for row in trajectories + [t for pair in (comparison or {}).get("pairs", {}).values() for t in pair if t]:
         question, reference = row.pop("question", ""), row.pop("reference", "")  # once per problem in the page
@@ -70,10 +71,12 @@ def write_report(
     return path
 
 
-def _comparison(runs: list[dict], chosen: tuple[Path, Path] | None, max_chars: int) -> dict[str, Any] | None:
+def _comparison(
+    runs: list[dict], rows_of: dict[str, list[dict]], chosen: tuple[Path, Path] | None, max_chars: int
+) -> dict[str, Any] | None:
     """Two eval runs on the same problems: the chosen folders, else the first two eval runs sharing problems."""
     evals = [r for r in runs if r["command"] == "eval"]
-    samples = {r["id"]: read_jsonl(trajectory_file(r)) if trajectory_file(r).exists() else [] for r in evals}
+    samples = {r["id"]: rows_of.get(r["id"], []) for r in evals}
     if chosen is not None:
         pair = []
         for folder in chosen:

@@ -2,7 +2,7 @@
 
     paths --find_runs--> run folders (provenance.json, metrics.jsonl or results.json in them)
       --read_run--> {name, command, provenance, key config values, training curves, eval results}
-    samples.jsonl (eval) and rollouts.jsonl (train) --read_trajectories--> the rows the browser shows,
+    samples.jsonl (eval) and rollouts.jsonl (train), read once --bounded--> the rows the browser shows,
       bounded (whole problems sampled with a fixed seed; long texts cut in the middle), with the counts of
       what was left out
 
@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from retool_cli.errors import DataError
+from retool_cli.files import read_jsonl_log
 
 # Config values shown on a run's card: what a reader needs to tell runs apart (all of it is in
 # .hydra/config.yaml in the run folder).
@@ -59,7 +60,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 
 def read_run(folder: Path, index: int) -> dict[str, Any]:
-    """One run: what the report's cards, curves and tables show (no trajectories: see read_trajectories)."""
+    """One run: what the report's cards, curves and tables show (no trajectories: see bounded)."""
     provenance = _read_json(folder / "provenance.json") if (folder / "provenance.json").exists() else {}
     results = _read_json(folder / "results.json") if (folder / "results.json").exists() else None
     config = _read_yaml(folder / ".hydra" / "config.yaml")
@@ -68,7 +69,7 @@ def read_run(folder: Path, index: int) -> dict[str, Any]:
     if results is not None:
         command = "eval"
     keys = CARD_KEYS.get(command, CARD_KEYS["other"])
-    card = {key: _lookup(config, key) for key in keys if _lookup(config, key) is not None}
+    card = {key: value for key in keys if (value := _lookup(config, key)) is not None}
     if "protocol.name" in card:  # what the model saw before each question
         card["system prompt"] = _lookup(config, f"protocol.{SYSTEM_PROMPT_KEY.get(card['protocol.name'], '')}")
     return {
@@ -78,33 +79,30 @@ def read_run(folder: Path, index: int) -> dict[str, Any]:
         "command": command,
         "provenance": provenance,
         "config": card,
-        "metrics": read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [],
+        "metrics": read_jsonl_log(folder / "metrics.jsonl"),
         "results": results,
     }
 
 
-def read_trajectories(
-    run: dict[str, Any], max_rows: int, max_chars: int, seed: int = 0
+def bounded(
+    rows: list[dict[str, Any]], run_id: str, max_rows: int, max_chars: int, seed: int = 0
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The eval samples or training rollouts of a run, tagged with the run, at most `max_rows` of them: whole
-    problems (all their samples) drawn with `seed` when there are more. Returns the rows and the counts
-    {total, shown, problems, problems_shown}."""
-    path = trajectory_file(run)
-    rows = read_jsonl(path) if path.exists() else []
+    """A run's eval samples or training rollouts for the page, tagged with the run, at most `max_rows` of them:
+    whole problems (all their samples; a training step's problems apart) drawn with `seed` when there are more,
+    each cut to `max_chars`. Returns the rows and the counts {total, shown, problems, problems_shown}."""
     by_problem: dict[str, list[dict]] = {}
     for row in rows:
         by_problem.setdefault(f"{row.get('step', '')}/{row['problem_id']}", []).append(row)
     keys = list(by_problem)
     if len(rows) > max_rows:
         random.Random(seed).shuffle(keys)
-        chosen, count = [], 0
+        chosen, count = set(), 0
         for key in keys:
-            if count + len(by_problem[key]) > max_rows:
-                continue
-            chosen.append(key)
-            count += len(by_problem[key])
-        keys = sorted(chosen, key=list(by_problem).index)  # back in file order
-    shown = [trim(dict(row, run=run["id"]), max_chars) for key in keys for row in by_problem[key]]
+            if count + len(by_problem[key]) <= max_rows:
+                chosen.add(key)
+                count += len(by_problem[key])
+        keys = [key for key in by_problem if key in chosen]  # in file order
+    shown = [trim(dict(row, run=run_id), max_chars) for key in keys for row in by_problem[key]]
     counts = {"total": len(rows), "shown": len(shown), "problems": len(by_problem), "problems_shown": len(keys)}
     return shown, counts
 
@@ -131,25 +129,6 @@ def trim(row: dict[str, Any], max_chars: int) -> dict[str, Any]:
     row["segments"] = segments
     row.pop("text", None)
     return row
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file the commands write; a torn last line (a run killed mid-write) is skipped."""
-    rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if line_no == len(lines):
-                break
-            raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{line_no}: expected a JSON object")
-        rows.append(row)
-    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any]:
