@@ -247,7 +247,9 @@ def eval_(ctx: typer.Context) -> None:
 
 @app.command("eval-report")
 def eval_report(
-    runs: Annotated[list[Path], typer.Argument(help="eval run folders, or folders to search for results.json")],
+    runs: Annotated[
+        list[Path], typer.Argument(metavar="RUN", help="eval run folders, or folders to search for results.json")
+    ],
     out: Annotated[
         Path | None, typer.Option(help="where report.md and report.png go (default: the first folder)")
     ] = None,
@@ -265,7 +267,10 @@ def eval_report(
 
 @app.command("report")
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="run folders (train, eval, sft...) or folders holding them")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(metavar="RUN_OR_SWEEP", help="run folders (train, eval, sft...) or folders holding them"),
+    ],
     out: Annotated[Path | None, typer.Option(help="where report.html goes (default: the first folder)")] = None,
     compare: Annotated[
         list[Path] | None, typer.Option(help="two eval run folders to compare (give it twice; default: the first two)")
@@ -282,8 +287,12 @@ def report(
     try:
         if compare is not None and len(compare) != 2:
             raise typer.BadParameter("give --compare twice: two eval run folders", param_hint="--compare")
-        if max_trajectories < 1 or max_chars < 1000:
-            raise typer.BadParameter("--max-trajectories must be >= 1 and --max-chars >= 1000")
+        if compare is not None and compare[0].resolve() == compare[1].resolve():
+            raise typer.BadParameter(f"{compare[0]} given twice: compare two different runs", param_hint="--compare")
+        if max_trajectories < 1:
+            raise typer.BadParameter(f"{max_trajectories}: must be >= 1", param_hint="--max-trajectories")
+        if max_chars < 1000:
+            raise typer.BadParameter(f"{max_chars}: must be >= 1000", param_hint="--max-chars")
         write_report(runs, out or runs[0], tuple(compare) if compare else None, max_trajectories, max_chars)
     except RetoolError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -40,6 +40,8 @@ def write_report(
     """Write out/report.html for the runs under `paths`. At most `max_trajectories` trajectories go into the
     browser, shared equally by the runs that have some (whole problems, drawn with a fixed seed), each cut to
     about `max_chars` characters: a page of a few to tens of MB however large the runs."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out}: a file, not a folder")
     runs = [read_run(folder, i) for i, folder in enumerate(find_runs(paths))]
     # each run's samples or rollouts, read once: for the browser and for the comparison
     rows_of = {run["id"]: read_jsonl_log(trajectory_file(run)) for run in runs if trajectory_file(run).exists()}

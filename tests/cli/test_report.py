@@ -103,7 +103,16 @@ def test_bad_input_is_named_and_writes_nothing(runs: Path) -> None:
     pair = ["--compare", "sweep/train/seed_1", "--compare", "sweep/eval/ckpt_0"]
     proc = run_retool("report", "sweep", *pair, "--out", "bad", cwd=runs)
     assert proc.returncode == 1 and "sweep/train/seed_1: not an eval run folder" in proc.stderr
+    pair = ["--compare", "sweep/eval/ckpt_0", "--compare", "sweep/eval/ckpt_0/"]
+    proc = run_retool("report", "sweep", *pair, "--out", "bad", cwd=runs)
+    assert proc.returncode == 2 and "given twice" in proc.stderr
+    proc = run_retool("report", "sweep", "--max-chars", "10", "--out", "bad", cwd=runs)
+    assert proc.returncode == 2 and "--max-chars" in proc.stderr
     assert not (runs / "bad").exists()
+    (runs / "a_file").write_text("mine\n")
+    proc = run_retool("report", "sweep", "--out", "a_file", cwd=runs)
+    assert proc.returncode == 1 and "--out a_file: a file, not a folder" in proc.stderr
+    assert (runs / "a_file").read_text() == "mine\n"
 
 
 def test_in_a_browser_offline_with_filters_that_agree_with_the_data(runs: Path, tmp_path: Path) -> None:
