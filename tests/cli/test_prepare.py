@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,12 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[2]
+    # built from a copy of the sources: setuptools writes build/ next to what it builds, never into the checkout
+    repo, source = Path(__file__).resolve().parents[2], tmp_path / "source"
+    for name in ("retool_cli", "conf"):
+        shutil.copytree(repo / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(repo / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -163,7 +169,7 @@ def test_non_editable_install_ships_configs_and_recipes(tmp_path: Path) -> None:
             "-q",
             "--no-deps",
             "--no-build-isolation",
-            str(repo),
+            str(source),
             "-w",
             str(tmp_path / "whl"),
         ],
