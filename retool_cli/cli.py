@@ -62,7 +62,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-    from retool_cli.config import CONF_DIR, register_configs, to_config
+    from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.errors import RetoolError
     from retool_cli.files import write_json
     from retool_cli.provenance import provenance
@@ -97,7 +97,7 @@ def command_help(command: str, overrides: list[str]) -> str:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from retool_cli.config import CONF_DIR
+    from retool_cli.compose import CONF_DIR
     from retool_cli.help import COMMANDS, render
 
     values: dict[str, object] = {}
@@ -306,7 +306,7 @@ def copy_recipe(
     new_name: Annotated[str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")] = None,
 ) -> None:
     """Copy a shipped recipe out for editing; use it with `retool COMMAND --config-dir DIR recipe=NAME`."""
-    from retool_cli.config import RECIPES_DIR
+    from retool_cli.compose import RECIPES_DIR
 
     source = RECIPES_DIR / f"{name}.yaml"
     if not source.is_file():

@@ -11,7 +11,7 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-from retool_cli.config import CONF_DIR, RECIPES_DIR
+from retool_cli.compose import CONF_DIR, RECIPES_DIR
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from retool_cli.config import CONF_DIR, BenchmarkConfig, RetoolConfig
+from retool_cli.compose import CONF_DIR
+from retool_cli.config import BenchmarkConfig, RetoolConfig
 from retool_cli.data.dataset import MathExample, load_examples, prepare_dataset
 from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision
 from retool_cli.errors import ConfigError

@@ -10,7 +10,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from retool_cli.cli import hydra_argv
-from retool_cli.config import CONF_DIR, RECIPES_DIR, DataSource, RetoolConfig, register_configs, to_config
+from retool_cli.compose import CONF_DIR, RECIPES_DIR, register_configs, to_config
+from retool_cli.config import DataSource, RetoolConfig
 from retool_cli.errors import ConfigError
 
 PRIMARY = sorted(p.stem for p in CONF_DIR.glob("*.yaml") if p.stem not in ("hydra_settings", "command_defaults"))
