@@ -139,7 +139,9 @@ def sample_problems(
             chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
-        append_jsonl(path, [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)])
+        rows = [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)]
+        # a chunk torn in mid-append is redone whole (the same seed: the same samples); write only what is missing
+        append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
         _advance(progress, len(chunk))

@@ -54,7 +54,10 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
     run_retool("eval", *SMALL, cwd=whole, check=True)
     die_after(["eval", *SMALL], cwd=broken, when="chunk:2")  # killed after two of six problems
     samples = list(broken.rglob("samples.jsonl"))
-    assert len(samples[0].read_text().splitlines()) == 8  # 2 problems x 4 samples, no more
+    lines = samples[0].read_text().splitlines(keepends=True)
+    assert len(lines) == 8  # 2 problems x 4 samples, no more
+    # and torn inside the second problem's append: two whole rows of it, then half a row
+    samples[0].write_text("".join(lines[:6]) + lines[6][:40])
     run_retool("eval", *SMALL, cwd=broken, check=True)  # the same command again
     resumed = results_of(broken)
     assert resumed["metrics"] == results_of(whole)["metrics"]
