@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,26 +30,29 @@ PROSE = "Let me think about the structure of this problem before computing anyth
 CODE = "<code>\n```python\nfrom sympy import *\nx = symbols('x')\nprint(solve(x**2 - 5*x + 6, x))\n```\n</code>"
 
 
-def fake_run(folder: Path, problems: int, samples: int, seed: int) -> int:
-    """An eval run folder: samples.jsonl with realistic rows, results.json as the eval command writes it."""
+def fake_rows(problems: int, samples: int, seed: int) -> Iterator[dict]:
+    """Realistic eval sample rows, one at a time (the benchmark's own memory stays small)."""
     rng = random.Random(seed)
-    folder.mkdir(parents=True)
-    rows = []
     for p in range(problems):
         for s in range(samples):
             correct = rng.random() < 0.4 + 0.2 * seed
             segments = [["model", PROSE + CODE], ["tool", "\n<interpreter>\n[2, 3]\n</interpreter>\n"]] * 3
             segments.append(["model", PROSE + f"So the answer is \\boxed{{{p if correct else p + 1}}}."])
-            rows.append({
+            yield {
                 "problem_id": f"p{p}", "sample_index": s, "seed": seed, "question": f"Problem {p}: " + PROSE[:300],
                 "reference": str(p), "answer": str(p if correct else p + 1), "correct": correct,
                 "reward": 1.0 if correct else 0.0, "formatted": True, "overlong_penalty": 0.0,
                 "truncated": rng.random() < 0.05, "judge_timed_out": False, "turns": 4, "code_calls": 3,
                 "code_errors": int(rng.random() < 0.1), "code_timeouts": 0, "prompt_tokens": 120,
                 "response_tokens": 1500, "model_tokens": 1400, "stop_reason": "answered", "segments": segments,
-            })  # fmt: skip
+            }  # fmt: skip
+
+
+def fake_run(folder: Path, problems: int, samples: int, seed: int) -> int:
+    """An eval run folder: samples.jsonl with realistic rows, results.json as the eval command writes it."""
+    folder.mkdir(parents=True)
     with open(folder / "samples.jsonl", "w") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
+        handle.writelines(json.dumps(row) + "\n" for row in fake_rows(problems, samples, seed))
     n = samples
     metrics = {f"avg@{n}": 0.5, "se_sampling": 0.01, "se_problems": 0.02, "ci95_bootstrap": [0.46, 0.54]}
     metrics.update({f"maj@{n}": 0.6, "samples_per_problem": n, "format_rate": 1.0, "code_calls": 3.0})
@@ -64,9 +69,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         raw = sum(fake_run(root / f"eval_{i}", args.problems, args.samples, i) for i in range(2))
+        before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         started = time.perf_counter()
         html = write_report([root / "eval_0", root / "eval_1"], root / "report")
         build_s = time.perf_counter() - started
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the browser (another process)
         driver = open_browser()
         try:
             started = time.perf_counter()
@@ -82,7 +89,8 @@ def main() -> None:
         data = json.loads(html.read_text().split('id="report-data">', 1)[1].split("</script>", 1)[0])
     total = 2 * args.problems * args.samples
     print(f"runs: 2 eval runs, {total:,} trajectories, samples.jsonl {raw / 1e6:.0f} MB in all")
-    print(f"report build: {build_s:.1f} s; page {html_size(data, raw)}")
+    print(f"report build: {build_s:.1f} s; peak memory {peak_mb:.0f} MB ({before_mb:.0f} MB before the build)")
+    print(f"page {html_size(data, raw)}")
     print(f"browser: opened and drawn in {load_s:.2f} s; a filter over the page's trajectories {timing[0]:.0f} ms")
     print(f"the page says: {timing[1]}")
 

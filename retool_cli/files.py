@@ -62,29 +62,47 @@ def append_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
 
 def read_jsonl_log(path: str | Path, cut_torn_tail: bool = False) -> list[dict[str, Any]]:
     """The rows of a JSONL log ([] when absent). A torn last line (a run killed in mid-write) is skipped, and
-    with `cut_torn_tail` cut off the file, so that a resumed run appends after whole lines; a bad line before
-    the last is an error naming its file and line."""
+    with `cut_torn_tail` cut off the file, so that a resumed run appends after whole lines (a last line that
+    lacks its newline is cut too: the appender writes it with one, and the next row would join it); a bad line
+    before the last is an error naming its file and line."""
     path = Path(path)
     if not path.exists():
         return []
-    rows, good_bytes = [], 0
-    with open(path, "rb") as handle:
-        lines = handle.readlines()
-    for line_no, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError as exc:
-            if line_no == len(lines):
-                break
-            raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg})") from None
-        if row is not None and not isinstance(row, dict):
-            raise DataError(f"{path}:{line_no}: expected a JSON object")
-        rows += [row] if row is not None else []
-        good_bytes += len(line)
-    if cut_torn_tail and good_bytes < path.stat().st_size:
-        with open(path, "r+b") as handle:
-            handle.truncate(good_bytes)
+    rows, ends = [], [0, 0]  # where the last two rows end
+    for _, end, row in iter_jsonl_log(path):
+        rows.append(row)
+        ends = [ends[1], end]
+    if cut_torn_tail:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, ends[1] - 1))
+            if rows and handle.read(1) != b"\n":
+                rows.pop()
+                ends = [0, ends[0]]
+        if ends[1] < path.stat().st_size:
+            with open(path, "r+b") as handle:
+                handle.truncate(ends[1])
     return rows
+
+
+def iter_jsonl_log(path: str | Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(start, end, row) for each row of a JSONL log, with its byte offsets in the file, read a line at a time
+    (a log of any size in little memory). Blank lines are passed over, a torn last line is skipped, a bad line
+    before the last is an error naming its file and line."""
+    with open(path, "rb") as handle:
+        start, line_no, line = 0, 1, handle.readline()
+        while line:
+            following = handle.readline()
+            try:
+                row = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as exc:
+                if not following:
+                    return
+                raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg})") from None
+            if row is not None and not isinstance(row, dict):
+                raise DataError(f"{path}:{line_no}: expected a JSON object")
+            if row is not None:
+                yield start, start + len(line), row
+            start, line_no, line = start + len(line), line_no + 1, following
 
 
 def sha256_file(path: str | Path) -> str:

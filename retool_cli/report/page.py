@@ -2,7 +2,7 @@
 are all inside the file, so it opens from a cluster's file system or a mail attachment).
 
     paths --runs.find_runs / read_run--> runs --analysis--> cards, curves (SVG), eval tables, comparison
-    samples.jsonl / rollouts.jsonl, read once --runs.bounded--> the trajectory browser's data (JSON)
+    samples.jsonl / rollouts.jsonl --runs.index_trajectories, bounded--> the trajectory browser's data (JSON)
 
 The page's script (assets/report.js) only filters, pages and draws trajectories from that JSON.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.errors import DataError
-from retool_cli.files import atomic_open, read_jsonl_log
+from retool_cli.files import atomic_open
 from retool_cli.report import analysis
-from retool_cli.report.runs import bounded, find_runs, read_run, trajectory_file, trim
+from retool_cli.report.runs import bounded, find_runs, index_trajectories, load_rows, read_run, trajectory_file, trim
 from retool_cli.report.svg import line_chart
 
 ASSETS = Path(__file__).parent / "assets"
@@ -43,14 +43,15 @@ def write_report(
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out}: a file, not a folder")
     runs = [read_run(folder, i) for i, folder in enumerate(find_runs(paths))]
-    # each run's samples or rollouts, read once: for the browser and for the comparison
-    rows_of = {run["id"]: read_jsonl_log(trajectory_file(run)) for run in runs if trajectory_file(run).exists()}
-    per_run = max(1, max_trajectories // max(1, len(rows_of)))
+    # each run's samples or rollouts, indexed once (problem, verdict, offset): for the browser and the comparison
+    files = {run["id"]: trajectory_file(run) for run in runs if trajectory_file(run).exists()}
+    index_of = {run_id: index_trajectories(path) for run_id, path in files.items()}
+    per_run = max(1, max_trajectories // max(1, len(index_of)))
     trajectories, counts = [], {}
-    for run_id, rows in rows_of.items():
-        shown, counts[run_id] = bounded(rows, run_id, per_run, max_chars)
+    for run_id, index in index_of.items():
+        shown, counts[run_id] = bounded(index, files[run_id], run_id, per_run, max_chars)
         trajectories += shown
-    comparison = _comparison(runs, rows_of, compare, max_chars)
+    comparison = _comparison(runs, index_of, files, compare, max_chars)
     problems: dict[str, dict[str, str]] = {}
     for row in trajectories + [t for pair in (comparison or {}).get("pairs", {}).values() for t in pair if t]:
         question, reference = row.pop("question", ""), row.pop("reference", "")  # once per problem in the page
@@ -74,11 +75,15 @@ def write_report(
 
 
 def _comparison(
-    runs: list[dict], rows_of: dict[str, list[dict]], chosen: tuple[Path, Path] | None, max_chars: int
+    runs: list[dict],
+    index_of: dict[str, list[dict]],
+    files: dict[str, Path],
+    chosen: tuple[Path, Path] | None,
+    max_chars: int,
 ) -> dict[str, Any] | None:
     """Two eval runs on the same problems: the chosen folders, else the first two eval runs sharing problems."""
     evals = [r for r in runs if r["command"] == "eval"]
-    samples = {r["id"]: rows_of.get(r["id"], []) for r in evals}
+    samples = {r["id"]: index_of.get(r["id"], []) for r in evals}
     if chosen is not None:
         pair = []
         for folder in chosen:
@@ -107,7 +112,10 @@ def _comparison(
             analysis.representative(samples[run["id"]], problem, row[acc] >= 0.5)
             for run, acc in ((a, "acc_a"), (b, "acc_b"))
         ]
-        pairs[problem] = [trim(dict(t, run=run["id"]), max_chars) for t, run in zip(picks, (a, b), strict=True)]
+        pairs[problem] = [
+            trim(dict(load_rows(files[run["id"]], [pick])[0], run=run["id"]), max_chars)
+            for pick, run in zip(picks, (a, b), strict=True)
+        ]
     return {"a": a["id"], "b": b["id"], "rows": rows, "pairs": pairs}
 
 

@@ -2,9 +2,9 @@
 
     paths --find_runs--> run folders (provenance.json, metrics.jsonl or results.json in them)
       --read_run--> {name, command, provenance, key config values, training curves, eval results}
-    samples.jsonl (eval) and rollouts.jsonl (train), read once --bounded--> the rows the browser shows,
-      bounded (whole problems sampled with a fixed seed; long texts cut in the middle), with the counts of
-      what was left out
+    samples.jsonl (eval) and rollouts.jsonl (train) --index_trajectories--> per row: problem, verdict, offset
+      --bounded--> the rows the browser shows, read back by offset (whole problems sampled with a fixed seed;
+      long texts cut in the middle), with the counts of what was left out
 
 Every file is read as the commands write it; a file that is not theirs is an error that names it.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from retool_cli.errors import DataError
-from retool_cli.files import read_jsonl_log
+from retool_cli.files import iter_jsonl_log, read_jsonl_log
 
 # Config values shown on a run's card: what a reader needs to tell runs apart (all of it is in
 # .hydra/config.yaml in the run folder).
@@ -84,17 +84,45 @@ def read_run(folder: Path, index: int) -> dict[str, Any]:
     }
 
 
+def index_trajectories(path: Path) -> list[dict[str, Any]]:
+    """A run's samples.jsonl or rollouts.jsonl as an index: per trajectory its problem, training step, verdict
+    and where its row starts in the file. The draw and the comparison need no more, and the rows the page shows
+    are read back by `load_rows`: a log of any size is read in little memory."""
+    index = []
+    for start, _, row in iter_jsonl_log(path):
+        if "problem_id" not in row:
+            with open(path, "rb") as handle:
+                line = 1 + handle.read(start).count(b"\n")
+            raise DataError(f"{path}:{line}: a row without problem_id (not a samples or rollouts file)")
+        index.append(
+            {"problem_id": row["problem_id"], "step": row.get("step"), "correct": bool(row.get("correct")), "at": start}
+        )
+    return index
+
+
+def load_rows(path: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole rows behind index entries (from `index_trajectories(path)`), in the entries' order."""
+    rows = []
+    with open(path, "rb") as handle:
+        for entry in entries:
+            handle.seek(entry["at"])
+            rows.append(json.loads(handle.readline()))
+    return rows
+
+
 def bounded(
-    rows: list[dict[str, Any]], run_id: str, max_rows: int, max_chars: int, seed: int = 0
+    index: list[dict[str, Any]], path: Path, run_id: str, max_rows: int, max_chars: int, seed: int = 0
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """A run's eval samples or training rollouts for the page, tagged with the run, at most `max_rows` of them:
     whole problems (all their samples; a training step's problems apart) drawn with `seed` when there are more,
-    each cut to `max_chars`. Returns the rows and the counts {total, shown, problems, problems_shown}."""
+    read back from `path` and each cut to `max_chars`. Returns the rows and the counts {total, shown, problems,
+    problems_shown}."""
     by_problem: dict[str, list[dict]] = {}
-    for row in rows:
-        by_problem.setdefault(f"{row.get('step', '')}/{row['problem_id']}", []).append(row)
+    for entry in index:
+        step = "" if entry["step"] is None else entry["step"]
+        by_problem.setdefault(f"{step}/{entry['problem_id']}", []).append(entry)
     keys = list(by_problem)
-    if len(rows) > max_rows:
+    if len(index) > max_rows:
         random.Random(seed).shuffle(keys)
         chosen, count = set(), 0
         for key in keys:
@@ -102,8 +130,9 @@ def bounded(
                 chosen.add(key)
                 count += len(by_problem[key])
         keys = [key for key in by_problem if key in chosen]  # in file order
-    shown = [trim(dict(row, run=run_id), max_chars) for key in keys for row in by_problem[key]]
-    counts = {"total": len(rows), "shown": len(shown), "problems": len(by_problem), "problems_shown": len(keys)}
+    rows = load_rows(path, [entry for key in keys for entry in by_problem[key]])
+    shown = [trim(dict(row, run=run_id), max_chars) for row in rows]
+    counts = {"total": len(index), "shown": len(shown), "problems": len(by_problem), "problems_shown": len(keys)}
     return shown, counts
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from retool_cli.errors import DataError
-from retool_cli.files import read_jsonl_log
+from retool_cli.files import append_jsonl, iter_jsonl_log, read_jsonl_log, write_jsonl
 from retool_cli.report.analysis import compare, metric_value, representative, setting_of, training_series
-from retool_cli.report.runs import bounded, trim
+from retool_cli.report.runs import bounded, index_trajectories, load_rows, trim
 from retool_cli.report.svg import Series, _ticks, line_chart
 
 
@@ -28,23 +29,44 @@ def test_trim_keeps_both_ends_of_each_segment_and_says_how_much_was_cut() -> Non
     assert trim({"text": "an old row"}, 2000)["segments"] == [["model", "an old row"]]  # samples from before segments
 
 
-def test_bounded_draws_whole_problems_with_a_fixed_seed() -> None:
-    rows = [sample(f"p{p}", i, i == 0) for p in range(10) for i in range(4)]
-    shown, counts = bounded(rows, "run0", max_rows=13, max_chars=1000)
+def test_bounded_draws_whole_problems_with_a_fixed_seed(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    write_jsonl(path, [sample(f"p{p}", i, i == 0) for p in range(10) for i in range(4)])
+    index = index_trajectories(path)
+    assert set(index[0]) == {"problem_id", "step", "correct", "at"}  # the index holds no text
+    shown, counts = bounded(index, path, "run0", max_rows=13, max_chars=1000)
     assert counts == {"total": 40, "shown": 12, "problems": 10, "problems_shown": 3}
     problems = {t["problem_id"] for t in shown}
     assert all(sum(t["problem_id"] == p for t in shown) == 4 for p in problems)  # whole problems only
     assert [t["problem_id"] for t in shown] == sorted((t["problem_id"] for t in shown), key=lambda p: int(p[1:]))
-    assert bounded(rows, "run0", 13, 1000)[0] == shown  # the same draw every time
+    assert [t["segments"] for t in shown] == [[["model", "x"]]] * 12  # read back from the file whole
+    assert bounded(index, path, "run0", 13, 1000)[0] == shown  # the same draw every time
     assert all(t["run"] == "run0" for t in shown)
-    everything, counts = bounded(rows, "run0", max_rows=100, max_chars=1000)
+    everything, counts = bounded(index, path, "run0", max_rows=100, max_chars=1000)
     assert len(everything) == 40 and counts["shown"] == 40
+    assert [(t["problem_id"], t["sample_index"]) for t in everything] == [
+        (f"p{p}", i) for p in range(10) for i in range(4)
+    ]
+
+
+def test_the_index_reads_rows_back_by_offset_and_names_a_row_that_is_not_a_sample(tmp_path: Path) -> None:
+    path = tmp_path / "rollouts.jsonl"
+    rows = [sample("p1", 0, True, step=1, text="\u00e9" * 50), sample("p1", 0, False, step=2)]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n\n")  # multi-byte, a blank line
+    index = index_trajectories(path)
+    assert [(e["step"], e["correct"]) for e in index] == [(1, True), (2, False)]
+    assert load_rows(path, index[::-1]) == rows[::-1]
+    with open(path, "a") as handle:
+        handle.write('{"step": 3}\n')
+    with pytest.raises(DataError, match=r"rollouts.jsonl:4: a row without problem_id"):
+        index_trajectories(path)
 
 
 def test_a_torn_last_line_is_skipped_but_a_bad_line_inside_is_named(tmp_path: Path) -> None:
     path = tmp_path / "samples.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
     assert read_jsonl_log(path) == [{"a": 1}, {"a": 2}]
+    assert [(start, end) for start, end, _ in iter_jsonl_log(path)] == [(0, 9), (9, 18)]
     assert path.read_text().endswith('{"a": ')  # a reader (the report) leaves the file as it is
     assert read_jsonl_log(path, cut_torn_tail=True) == [{"a": 1}, {"a": 2}]
     assert path.read_text() == '{"a": 1}\n{"a": 2}\n'  # a resuming run appends after whole lines
@@ -53,6 +75,19 @@ def test_a_torn_last_line_is_skipped_but_a_bad_line_inside_is_named(tmp_path: Pa
         read_jsonl_log(path, cut_torn_tail=True)
     assert path.read_text() == '{"a": 1}\nnot json\n{"a": 3}\n'  # nothing cut after a bad line inside
     assert read_jsonl_log(tmp_path / "absent.jsonl") == []
+
+
+def test_a_last_row_cut_before_its_newline_is_cut_when_resuming(tmp_path: Path) -> None:
+    """A kill between a row's text and its newline: the row reads, but an append would join the next row to
+    it; a resuming run cuts it (and redoes it), a reader keeps it."""
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}')
+    assert read_jsonl_log(path) == [{"a": 1}, {"a": 2}]
+    assert read_jsonl_log(path, cut_torn_tail=True) == [{"a": 1}]
+    append_jsonl(path, [{"a": 3}])
+    assert read_jsonl_log(path) == [{"a": 1}, {"a": 3}]
+    path.write_text('{"a": 1}')
+    assert read_jsonl_log(path, cut_torn_tail=True) == [] and path.read_text() == ""
 
 
 def test_compare_counts_majority_flips_and_sorts_the_changes_first() -> None:
