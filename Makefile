@@ -13,7 +13,7 @@ SMOKE ?= outputs/smoke
 ROLLOUT ?= hf
 smoke: $(VENV)/.installed
 	$(BIN)/retool prepare recipe=dapo_smoke hydra.run.dir=$(SMOKE)/prepare
-	$(BIN)/retool sft recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl hydra.run.dir=$(SMOKE)/sft
+	$(BIN)/retool sft recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=never hydra.run.dir=$(SMOKE)/sft
 	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft trainer.resume=never hydra.run.dir=$(SMOKE)/train
 	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft

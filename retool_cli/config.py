@@ -296,9 +296,13 @@ class SFTConfig:
     code_fraction: float = 0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
     traces_file: str | None = None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
     log_every: int = 25  # steps between lines of metrics.jsonl and the log
+    save_every: int = 100  # checkpoint every N steps (and at the end; the latest kept): a killed run loses < N
+    resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "sft.steps", "must be >= 1")
+        _check(self.save_every >= 1, "sft.save_every", "must be >= 1")
+        _check(self.resume in ("auto", "never"), "sft.resume", "must be auto or never")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
         _check(0 <= self.code_fraction <= 1, "sft.code_fraction", "must be in [0, 1]")
         _check(self.schedule in ("constant", "cosine"), "sft.schedule", "must be constant or cosine")

@@ -1,7 +1,7 @@
-"""Deterministic fault injection, for the resume tests: RETOOL_DIE_AFTER=step:N makes `retool train` die right
-after step N (its metrics and any checkpoint written), chunk:N makes a sampling run (eval, filter-pass-rate)
-die right after its N-th chunk reached samples.jsonl. It dies as a node failure would: SIGKILL to itself,
-no cleanup, no exit handlers. Unset (always, outside tests) it does nothing."""
+"""Deterministic fault injection, for the resume tests: RETOOL_DIE_AFTER=step:N makes `retool train` or
+`retool sft` die right after step N (its metrics and any checkpoint written), chunk:N makes a sampling run
+(eval, filter-pass-rate) die right after its N-th chunk reached samples.jsonl. It dies as a node failure
+would: SIGKILL to itself, no cleanup, no exit handlers. Unset (always, outside tests) it does nothing."""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ COMMANDS = {
         ),
     ),
     "sft": CommandHelp(
-        "Cold-start fine-tuning on code-interleaved traces, rendered exactly as RL will see them.",
+        "Cold-start fine-tuning on code-interleaved traces, rendered exactly as RL will see them; resumes its last "
+        "checkpoint when rerun.",
         "sft.traces_file (chat traces), or traces synthesised for trainer.train_file / the `data` section",
         "RUN/checkpoints/step_N (loadable with from_pretrained), RUN/metrics.jsonl, RUN/sft.png",
         (
@@ -89,6 +90,8 @@ COMMANDS = {
             "sft.steps",
             "sft.lr",
             "sft.batch_size",
+            "sft.save_every",
+            "sft.resume",
             "model.name_or_path",
         ),
         ("retool sft recipe=dapo_smoke trainer.train_file=outputs/prepare/DAY/TIME/train.jsonl",),

@@ -1,4 +1,6 @@
-"""retool sft: cold-start fine-tuning on code-interleaved traces (loss on the model's own tokens only)."""
+"""retool sft: cold-start fine-tuning on code-interleaved traces (loss on the model's own tokens only);
+`sft.resume=auto` continues the latest checkpoint of an unfinished run of the same config (same batches, RNG
+and optimizer state)."""
 
 from __future__ import annotations
 
@@ -6,98 +8,101 @@ import logging
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
-from retool_cli.data.traces import message_traces, synthetic_traces
+from retool_cli.data.traces import Trace, message_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
+from retool_cli.faults import die_if_due
 from retool_cli.model.loading import load_policy, load_tokenizer
-from retool_cli.rl.checkpoints import MetricsLog, plot_metrics, save_checkpoint
+from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.optim import build_optimizer, build_scheduler, micro_batches, response_mask_matrix, sequence_logprobs
-from retool_cli.runtime import training_precision
+from retool_cli.runs import config_key
+from retool_cli.runtime import run_folder, training_precision
 
 log = logging.getLogger(__name__)
 
 
-def run(config: RetoolConfig, run_dir: Path) -> None:
-    config = training_precision(config)
-    cfg = config.sft
-    torch.manual_seed(config.seed)
-    if not cfg.traces_file:  # the problems first: a bad or empty file fails before the model loads
-        t = config.trainer
+def sft_traces(config: RetoolConfig, tokenizer: Any) -> list[Trace]:
+    """The traces to fine-tune on: `sft.traces_file`, else written from the training problems' programs."""
+    cfg, t = config.sft, config.trainer
+    protocol = build_protocol(config.protocol, tokenizer)
+    if cfg.traces_file:
+        traces = message_traces(cfg.traces_file, protocol)
+    else:
         train = (
             load_examples(t.train_file, "trainer.train_file")
             if t.train_file
             else prepare_dataset(config.data, config.seed)[0]
         )
-    tokenizer = load_tokenizer(config.model)
-    protocol = build_protocol(config.protocol, tokenizer)
-    if cfg.traces_file:
-        traces = message_traces(cfg.traces_file, protocol)
-    else:
         traces = synthetic_traces(train, protocol, cfg.code_fraction, config.seed)
     if not traces:
         raise DataError(f"sft.traces_file={cfg.traces_file}: no traces to train on")
-    model = load_policy(config.model, gradient_checkpointing=config.trainer.gradient_checkpointing)
+    return traces
+
+
+def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int) -> float:
+    """Backpropagate the batch's negative log-likelihood of the model's tokens, in micro-batches; its value."""
     device = next(model.parameters()).device
-    log.info(
-        "sft: %d traces, %d steps of %d, model %s -> %s",
-        len(traces),
-        cfg.steps,
-        cfg.batch_size,
-        config.model.name_or_path,
-        run_dir,
-    )
+    tokens = sum(sum(t.response_mask) for t in batch)
+    loss_sum = 0.0
+    for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
+        chosen = [batch[i] for i in group]
+        ids = [t.input_ids for t in chosen]
+        logp, _, _ = sequence_logprobs(model, ids, pad_id, device, bf16_autocast=config.trainer.bf16_autocast)
+        mask = response_mask_matrix(
+            [len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen], logp.shape[1], device
+        )  # (B, T)
+        loss = -(logp * mask).sum() / tokens  # the mean over the whole batch's model tokens
+        loss.backward()
+        loss_sum += loss.item()
+    return loss_sum
+
+
+def run(config: RetoolConfig, run_dir: Path) -> None:
+    key = config_key(config)
+    config = training_precision(config)
+    cfg = config.sft
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    traces = sft_traces(config, tokenizer)  # a bad or empty file fails before the model loads
+    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if cfg.resume == "auto" else run_dir
+    checkpoint = latest_checkpoint(out_dir) if cfg.resume == "auto" else None
+    lora = config.model.lora_rank > 0  # a LoRA run resumes from its base weights plus the checkpoint's adapter
+    source = str(checkpoint) if checkpoint and not lora else config.model.name_or_path
+    adapter = checkpoint / "adapter" if checkpoint and lora else None
+    model = load_policy(config.model, source, config.trainer.gradient_checkpointing, adapter)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.schedule)
-    metrics = MetricsLog(run_dir)
-    rng = random.Random(config.seed)
+    metrics = MetricsLog(out_dir)
+    rng = random.Random(config.seed)  # draws each step's batch
+    start = 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
+        start = state["step"]
+        rng.setstate(state["batch_rng"])
+        metrics.truncate_after(start)
+        log.info("resumed from %s (step %d)", checkpoint, start)
+    log.info("sft: %d traces, %d steps of %d, %s -> %s", len(traces), cfg.steps, cfg.batch_size, source, out_dir)
     started = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        batch = rng.sample(traces, min(cfg.batch_size, len(traces)))
-        tokens = sum(sum(t.response_mask) for t in batch)
-        loss_sum = 0.0
-        for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
-            chosen = [batch[i] for i in group]
-            logp, _, _ = sequence_logprobs(
-                model,
-                [t.input_ids for t in chosen],
-                tokenizer.pad_token_id,
-                device,
-                bf16_autocast=config.trainer.bf16_autocast,
-            )
-            mask = response_mask_matrix(
-                [len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen], logp.shape[1], device
-            )
-            loss = -(logp * mask).sum() / tokens  # the mean over the whole batch's model tokens
-            loss.backward()
-            loss_sum += loss.item()
+    for step in range(start + 1, cfg.steps + 1):
+        loss = batch_loss(config, model, rng.sample(traces, min(cfg.batch_size, len(traces))), tokenizer.pad_token_id)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - started
-            metrics.write(
-                {
-                    "step": step,
-                    "loss": loss_sum,
-                    "grad_norm": float(grad_norm),
-                    "lr": scheduler.get_last_lr()[0],
-                    "seconds": elapsed,
-                }
-            )
-            log.info(
-                "step %d/%d loss %.4f lr %.2e (%.0f s)",
-                step,
-                cfg.steps,
-                loss_sum,
-                scheduler.get_last_lr()[0],
-                elapsed,
-            )
-    path = save_checkpoint(run_dir, cfg.steps, model, tokenizer, optimizer, scheduler, {"cursor": 0}, keep_last=1)
-    plot_metrics(metrics.rows(), ["loss", "grad_norm", "lr"], run_dir / "sft.png")
-    log.info("wrote %s", path)
+            lr, elapsed = scheduler.get_last_lr()[0], time.perf_counter() - started
+            metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
+            log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            state = {"cursor": 0, "batch_rng": rng.getstate()}
+            save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, state, keep_last=1)
+        die_if_due("step", step)  # the resume test's fault injection (RETOOL_DIE_AFTER=step:N)
+    plot_metrics(metrics.rows(), ["loss", "grad_norm", "lr"], out_dir / "sft.png")
+    (out_dir / "final.txt").write_text(f"finished at step {cfg.steps}\n")
+    log.info("wrote %s", latest_checkpoint(out_dir))

@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.helpers import die_after, read_jsonl, run_retool
@@ -57,6 +59,26 @@ def test_sft_learns_and_writes_a_loadable_checkpoint(sft_run: Path) -> None:
     assert sum(p.numel() for p in model.parameters()) > 0
     assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "trainer_state.pt").exists()
     assert (sft_run / "sft.png").exists()
+
+
+def test_sft_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
+    """Killed 5 steps past its checkpoint at step 20, the same command continues from that checkpoint (batches,
+    RNG, optimizer and schedule restored): the losses and the final weights of the uninterrupted run."""
+    args = ["sft", *SFT, "sft.save_every=10"]
+    die_after(args, cwd=tmp_path, when="step:25")
+    [killed] = [p.parent for p in tmp_path.rglob("metrics.jsonl")]
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_20"]  # keep_last=1
+    run_retool(*args, cwd=tmp_path, check=True)
+    [run] = [p.parent for p in tmp_path.rglob("final.txt")]
+    assert run == killed  # continued in the killed run's folder
+    assert [r["step"] for r in metrics_of(run)] == [10, 20, 30]  # steps 21-25 redone, not logged twice
+    assert [comparable_sft(r) for r in metrics_of(run)] == [comparable_sft(r) for r in metrics_of(sft_run)]
+    resumed, whole = (load_file(r / "checkpoints" / "step_30" / "model.safetensors") for r in (run, sft_run))
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def comparable_sft(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "seconds"}
 
 
 def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
