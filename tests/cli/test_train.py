@@ -61,20 +61,30 @@ def test_sft_learns_and_writes_a_loadable_checkpoint(sft_run: Path) -> None:
     assert (sft_run / "sft.png").exists()
 
 
-def test_sft_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["model.lora_rank=4", "sft.lr=1e-3"]], ids=["full", "lora"])
+def test_sft_resumes_exactly_after_sigkill(tmp_path: Path, extra: list[str]) -> None:
     """Killed 5 steps past its checkpoint at step 20, the same command continues from that checkpoint (batches,
-    RNG, optimizer and schedule restored): the losses and the final weights of the uninterrupted run."""
-    args = ["sft", *SFT, "sft.save_every=10"]
-    die_after(args, cwd=tmp_path, when="step:25")
-    [killed] = [p.parent for p in tmp_path.rglob("metrics.jsonl")]
+    RNG, optimizer and schedule restored; LoRA: the base weights plus the checkpoint's adapter): the losses and
+    the final weights of the uninterrupted run."""
+    args = ["sft", *SFT, "sft.save_every=10", *extra]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    whole.mkdir()
+    broken.mkdir()
+    run_retool(*args, cwd=whole, check=True)
+    die_after(args, cwd=broken, when="step:25")
+    [killed] = [p.parent for p in broken.rglob("metrics.jsonl")]
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_20"]  # keep_last=1
-    run_retool(*args, cwd=tmp_path, check=True)
-    [run] = [p.parent for p in tmp_path.rglob("final.txt")]
+    run_retool(*args, cwd=broken, check=True)
+    [run] = [p.parent for p in broken.rglob("final.txt")]
+    [reference] = [p.parent for p in whole.rglob("final.txt")]
     assert run == killed  # continued in the killed run's folder
     assert [r["step"] for r in metrics_of(run)] == [10, 20, 30]  # steps 21-25 redone, not logged twice
-    assert [comparable_sft(r) for r in metrics_of(run)] == [comparable_sft(r) for r in metrics_of(sft_run)]
-    resumed, whole = (load_file(r / "checkpoints" / "step_30" / "model.safetensors") for r in (run, sft_run))
-    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+    assert [comparable_sft(r) for r in metrics_of(run)] == [comparable_sft(r) for r in metrics_of(reference)]
+    files = ["model.safetensors"] + (["adapter/adapter_model.safetensors"] if extra else [])
+    for name in files:
+        resumed, uninterrupted = (load_file(r / "checkpoints" / "step_30" / name) for r in (run, reference))
+        assert resumed.keys() == uninterrupted.keys()
+        assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
 
 def comparable_sft(row: dict) -> dict:
