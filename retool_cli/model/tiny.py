@@ -140,21 +140,23 @@ def build_model(tokenizer, spec: dict):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(spec["seed"])
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec["hidden"],
-        intermediate_size=spec["hidden"] * 4,
-        num_hidden_layers=spec["layers"],
-        num_attention_heads=spec["heads"],
-        num_key_value_heads=spec["heads"],
-        max_position_embeddings=spec["max_positions"],
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(config)
+    # its own random stream: building on first use must leave the run's as it would be with the model cached
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=spec["hidden"],
+            intermediate_size=spec["hidden"] * 4,
+            num_hidden_layers=spec["layers"],
+            num_attention_heads=spec["heads"],
+            num_key_value_heads=spec["heads"],
+            max_position_embeddings=spec["max_positions"],
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

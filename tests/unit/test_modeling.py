@@ -90,3 +90,27 @@ def test_fsdp_refuses_only_the_hf_engines_weight_copy() -> None:
     replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.vllm, dtype="bfloat16"))  # fine
     with pytest.raises(ConfigError, match="trainer.fsdp"):
         replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.hf, dtype="bfloat16"))
+
+
+def test_building_the_tiny_model_leaves_the_runs_random_streams_alone(tmp_path, monkeypatch) -> None:
+    """The tiny model is built on first use and cached: a run that builds it must go on exactly as one that
+    finds it cached (a LoRA init after it drew different numbers: same seed, different results)."""
+    import random
+
+    import numpy as np
+
+    from retool_cli.model.tiny import tiny_model_path
+
+    monkeypatch.setenv("RETOOL_CACHE", str(tmp_path))
+
+    def draws() -> tuple:
+        return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+
+    after = []
+    for _ in ("built", "cached"):
+        torch.manual_seed(7)
+        random.seed(7)
+        np.random.seed(7)
+        tiny_model_path()
+        after.append(draws())
+    assert after[0] == after[1]
