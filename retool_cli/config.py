@@ -102,6 +102,12 @@ class ModelConfig:
     # computes each GRPO prompt once (rl/prefix_sharing.py). Off: transformers' own forward everywhere (the
     # plain path the fast ones are checked against). The smoke recipe turns it on.
     accelerate: bool = False
+    # a transformers tokenizer class to load the tokenizer with instead of the one its files name (None: AutoTokenizer);
+    # PreTrainedTokenizerFast reads tokenizer.json as it is (a fix the tokenizer check at load suggests)
+    tokenizer_class: str | None = None
+    # a Jinja chat template file used instead of the tokenizer's own (e.g. Qwen3-Coder's XML tool calls, or a
+    # template for a tokenizer without one); None = the tokenizer's
+    chat_template: str | None = None
     lora_rank: int = 0  # 0 = off (full fine-tuning)
     lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora_rank
     lora_dropout: float = 0.0  # dropout on the adapters' input
@@ -196,6 +202,14 @@ class ProtocolName(enum.Enum):
     none = "none"  # text only: the baseline without the interpreter
 
 
+class TemplatePolicy(enum.Enum):
+    """protocol=chat_tool with a chat template that is not append-only (rendering a tool result rewrites the
+    turn before it, as Qwen3's does with <think> blocks)."""
+
+    append = "append"  # continue from the sampled tokens, render only the new tool-result segment (warned once)
+    refuse = "refuse"  # a start-up error
+
+
 DEFAULT_SYSTEM_PROMPT = (
     "Solve the math problem. You may run Python by writing a block\n<code>\n```python\n...\n```\n</code>\n"
     "and you will see what it prints inside <interpreter>...</interpreter>. Each block runs in a fresh "
@@ -216,6 +230,8 @@ class ProtocolConfig:
         "interpreter with a short time limit and returns only what the code prints. "
         "Put the final answer in \\boxed{}."
     )
+    # chat_tool with a template that is not append-only (Qwen3): append | refuse (see TemplatePolicy)
+    template_policy: TemplatePolicy = TemplatePolicy.append
     # protocol=none: the text-only baseline
     text_only_system_prompt: str = "Solve the math problem step by step. Put the final answer in \\boxed{}."
 
@@ -294,7 +310,12 @@ class SFTConfig:
     schedule: str = "cosine"  # constant | cosine (after warm-up)
     weight_decay: float = 0.0  # AdamW weight decay
     code_fraction: float = 0.5  # synthesised traces: share that calls the interpreter (the rest answer directly)
-    traces_file: str | None = None  # JSONL of {"messages": [...]} traces; None = synthesise for the synthetic task
+    # traces with a `messages` column: a local .jsonl / .json / .parquet file or `datasets` folder, or a hub dataset
+    # id (e.g. JoeYing/ReTool-SFT); chat messages with tool calls, or ReTool-SFT's tagged responses (data/traces.py).
+    # None = synthesise traces for the synthetic task
+    traces_file: str | None = None
+    traces_revision: str = "main"  # hub revision of traces_file (branch, tag or commit); pin a commit to reproduce
+    traces_split: str = "train"  # hub split of traces_file
     log_every: int = 25  # steps between lines of metrics.jsonl and the log
     save_every: int = 100  # checkpoint every N steps (and at the end; the latest kept): a killed run loses < N
     resume: str = "auto"  # auto: continue the latest checkpoint of an unfinished run of this config | never

@@ -36,6 +36,9 @@ class ToolProtocol(Protocol):
     def prompt_ids(self, question: str) -> list[int]:
         """The templated prompt of a question, ending where the model's answer starts."""
 
+    def call_text(self, code: str) -> str:
+        """How the model writes a call of the interpreter after its own text (SFT traces are written so)."""
+
     def parse_call(self, turn_text: str) -> ToolCall:
         """The code a finished segment asks to run (or why it is malformed)."""
 

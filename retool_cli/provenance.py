@@ -83,19 +83,19 @@ def file_record(path: str) -> dict[str, Any]:
 def data_record(data: DataConfig) -> dict[str, Any]:
     """Where a data section's rows come from: a local copy (path, sha256), the hub (id, revision, the commit it
     resolves to, None offline), or the built-in generator (its settings decide the rows)."""
-    from retool_cli.data.dataset import resolve_hub_revision
-
     if data.path:
         return {"source": data.source.value, **file_record(data.path)}
     if data.hub_id:
-        return {
-            "source": data.source.value,
-            "hub_id": data.hub_id,
-            "revision": data.revision,
-            "split": data.split,
-            "resolved_revision": resolve_hub_revision(data.hub_id, data.revision),
-        }
+        return hub_record(data.hub_id, data.revision, data.split, data.source.value)
     return {"source": data.source.value, "generated": True}
+
+
+def hub_record(hub_id: str, revision: str, split: str, source: str) -> dict[str, Any]:
+    """A hub dataset as read: the revision asked for and the commit it resolves to (None offline)."""
+    from retool_cli.data.dataset import resolve_hub_revision
+
+    resolved = resolve_hub_revision(hub_id, revision)
+    return {"source": source, "hub_id": hub_id, "revision": revision, "split": split, "resolved_revision": resolved}
 
 
 def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
@@ -106,8 +106,11 @@ def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
     files: dict[str, str | None] = {}
     if c == "eval":
         sections = {"benchmark.data": config.benchmark.data} if config.benchmark.data else {"data": config.data}
-    elif c == "sft" and config.sft.traces_file:
+    elif c == "sft" and config.sft.traces_file and Path(config.sft.traces_file).expanduser().exists():
         files = {"sft.traces_file": config.sft.traces_file}
+    elif c == "sft" and config.sft.traces_file:  # a hub dataset
+        s = config.sft
+        return {"sft.traces_file": hub_record(s.traces_file, s.traces_revision, s.traces_split, "sft_traces")}
     elif c in ("sft", "train") and config.trainer.train_file:
         files = {"trainer.train_file": config.trainer.train_file}
         sections = {"data": config.data} if c == "train" else {}  # train reads the dev split of `data` too

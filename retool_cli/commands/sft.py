@@ -14,7 +14,7 @@ import torch
 
 from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
-from retool_cli.data.traces import Trace, message_traces, synthetic_traces
+from retool_cli.data.traces import Trace, file_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due
@@ -32,7 +32,9 @@ def sft_traces(config: RetoolConfig, tokenizer: Any) -> list[Trace]:
     cfg, t = config.sft, config.trainer
     protocol = build_protocol(config.protocol, tokenizer)
     if cfg.traces_file:
-        traces = message_traces(cfg.traces_file, protocol)
+        traces = file_traces(
+            cfg.traces_file, protocol, cfg.traces_revision, cfg.traces_split, config.rollout.max_tool_result_tokens
+        )
     else:
         train = (
             load_examples(t.train_file, "trainer.train_file")

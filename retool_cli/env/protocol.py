@@ -5,9 +5,10 @@ Three protocols, one interface (`prompt_ids`, `stop_strings`, `parse_call`, `res
 - `retool_tags` (the paper's): the model writes <code>```python ...```</code>; generation stops at
   </code>; the result is appended as <interpreter>...</interpreter> and the same assistant turn goes on.
 - `chat_tool`: native tool calling through the tokenizer's chat template, one tool
-  `code_interpreter(code)`, Hermes/Qwen2.5 JSON calls or Qwen3.5 XML-parameter calls. Only new segments
-  are rendered (close of the turn, tool message, next assistant header), from a template probed once with
-  placeholders; a template that rewrites earlier turns is refused at start-up.
+  `code_interpreter(code)`, Hermes/Qwen2.5/Qwen3 JSON calls or Qwen3-Coder XML-parameter calls. Only new
+  segments are rendered (close of the turn, tool message, next assistant header), from a template probed once
+  with placeholders; a template that rewrites earlier turns (Qwen3's <think> blocks) follows
+  protocol.template_policy (append, or refuse).
 - `none`: text only (the baseline without a tool).
 
 Token-in, token-out: the loop appends these ids to the ids it sampled; history is never re-encoded.
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from retool_cli.config import ProtocolConfig, ProtocolName
+from retool_cli.config import ProtocolConfig, ProtocolName, TemplatePolicy
 from retool_cli.errors import ConfigError, DataError
 
 TOOL_NAME = "code_interpreter"
@@ -169,6 +171,10 @@ class TaggedProtocol:
         messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
         return _template_ids(self.tokenizer, messages, add_generation_prompt=True)
 
+    def call_text(self, code: str) -> str:
+        """The text with which the model calls the interpreter after its own text."""
+        return f"\n<code>\n```python\n{code}\n```\n</code>"
+
     def parse_call(self, turn_text: str) -> ToolCall:
         return parse_tagged_call(turn_text)
 
@@ -177,15 +183,22 @@ class TaggedProtocol:
 
 
 class ChatToolProtocol:
-    """`chat_tool`: the tokenizer's own template with one tool; new segments only."""
+    """`chat_tool`: the tokenizer's own template with one tool; new segments only.
 
-    _CODE, _RESULT = "RETOOL_PLACEHOLDER_CODE_7f3a", "RETOOL_PLACEHOLDER_RESULT_7f3a"
+    The segments come from rendering a conversation with placeholders once. A template that is not append-only
+    (rendering the tool result rewrites the assistant turn before it: Qwen3 drops an empty <think> block from
+    every turn but the last) is handled by `policy` (protocol.template_policy): `append` continues from the
+    sampled tokens and appends only the rendered result segment, with a warning that says where the template's
+    own rendering of the whole conversation differs; `refuse` makes it a start-up error."""
 
-    def __init__(self, tokenizer: Any, system_prompt: str) -> None:
+    _CODE, _RESULT, _TEXT = "RETOOL_PLACEHOLDER_CODE_7f3a", "RETOOL_PLACEHOLDER_RESULT_7f3a", "RETOOL_TEXT_7f3a"
+
+    def __init__(self, tokenizer: Any, system_prompt: str, policy: TemplatePolicy = TemplatePolicy.append) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.stop_strings = ["</tool_call>"]
-        self._before, self._after = self._probe_template()
+        self.policy = policy
+        self._call, self._json_code, self._before, self._after = self._probe_template()
 
     def _messages(self, question: str) -> list[dict]:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
@@ -195,38 +208,69 @@ class ChatToolProtocol:
             messages, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def _probe_template(self) -> tuple[str, str]:
-        """Render a conversation with placeholders, check each step only appends, return the text that
-        follows a model's tool call up to the next assistant header, split at the result."""
+    def _probe_template(self) -> tuple[str, bool, str, str]:
+        """Render a conversation with placeholders: the model's call text (after its own text), whether the
+        code sits in a JSON string, and the text around the result up to the next assistant header."""
         base = self._messages("Q")
-        call = {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": self._CODE}}}],
-        }
+        call = {"role": "assistant", "content": self._TEXT, "tool_calls": [tool_call(self._CODE)]}
         prompt = self._render(base, True)
         with_call = self._render([*base, call], False)
         with_result = self._render([*base, call, {"role": "tool", "content": self._RESULT}], True)
-        end_of_call = with_call.rfind("</tool_call>")
-        if not (with_call.startswith(prompt) and with_result.startswith(with_call)) or end_of_call < 0:
+        text_at = with_result.find(self._TEXT)
+        code_at = with_result.find(self._CODE, text_at)
+        end_of_call = with_result.find("</tool_call>", code_at)
+        result_at = with_result.find(self._RESULT, end_of_call)
+        if min(text_at, code_at, end_of_call, result_at) < 0:
             raise ConfigError(
-                "protocol=chat_tool: this tokenizer's chat template is not prefix-preserving (rendering a tool "
-                "call or result rewrites earlier text, e.g. templates that drop earlier reasoning) or does not "
-                "render <tool_call> blocks; continuing from sampled tokens would diverge from what the model saw. "
-                "Use protocol=retool_tags with this model."
+                "protocol=chat_tool: this tokenizer's chat template does not render a <tool_call> followed by its "
+                "tool result (DeepSeek-R1-Distill's template, for one, renders no tool calls); use "
+                "protocol=retool_tags with this model, or give a template with tool calls in model.chat_template"
             )
-        segment = with_result[end_of_call + len("</tool_call>") :]
+        end_of_call += len("</tool_call>")
+        if not (with_call.startswith(prompt) and with_result.startswith(with_call)):
+            self._not_append_only(prompt, with_call, with_result)
+        segment = with_result[end_of_call:]
         before, _, after = segment.partition(self._RESULT)
-        return before, after
+        call_text = with_result[text_at + len(self._TEXT) : end_of_call]
+        return call_text, f'"{self._CODE}"' in call_text, before, after
+
+    def _not_append_only(self, prompt: str, with_call: str, with_result: str) -> None:
+        earlier, later = (prompt, with_call) if not with_call.startswith(prompt) else (with_call, with_result)
+        at = len(os.path.commonprefix([earlier, later]))  # noqa: RUF071 (characters are what we compare)
+        where = f"{earlier[max(0, at - 30) : at + 30]!r} is rendered {later[max(0, at - 30) : at + 30]!r}"
+        if self.policy is TemplatePolicy.refuse:
+            raise ConfigError(
+                "protocol=chat_tool: this tokenizer's chat template is not prefix-preserving (rendering the next "
+                f"message rewrites earlier text: {where}) and protocol.template_policy=refuse; "
+                "protocol.template_policy=append continues from the sampled tokens instead, or use "
+                "protocol=retool_tags"
+            )
+        logging.getLogger(__name__).warning(
+            "protocol=chat_tool: the chat template is not append-only (%s once the conversation goes on). "
+            "protocol.template_policy=append: each trajectory continues from the tokens the model sampled and "
+            "only the tool-result segment is rendered, so training sees what the model saw; the template's "
+            "rendering of the whole conversation differs there",
+            where,
+        )
 
     def prompt_ids(self, question: str) -> list[int]:
         return self.tokenizer.encode(self._render(self._messages(question), True), add_special_tokens=False)
+
+    def call_text(self, code: str) -> str:
+        """The text with which the model calls the tool after its own text, as the template writes it."""
+        escaped = json.dumps(code, ensure_ascii=False)[1:-1] if self._json_code else code
+        return self._call.replace(self._CODE, escaped)
 
     def parse_call(self, turn_text: str) -> ToolCall:
         return parse_chat_call(turn_text)
 
     def result_ids(self, result_text: str) -> list[int]:
         return self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False)
+
+
+def tool_call(code: str) -> dict:
+    """An OpenAI-style tool call of the interpreter, as chat messages carry it."""
+    return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": code}}}
 
 
 def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
@@ -236,7 +280,7 @@ def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: b
 
 def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | ChatToolProtocol:
     if cfg.name is ProtocolName.chat_tool:
-        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt)
+        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt, cfg.template_policy)
     if cfg.name is ProtocolName.none:
         return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
     return TaggedProtocol(tokenizer, cfg.system_prompt)

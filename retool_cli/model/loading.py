@@ -11,6 +11,7 @@ import torch
 
 from retool_cli.config import ModelConfig
 from retool_cli.errors import ConfigError
+from retool_cli.model.tokenizer_check import check_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,29 @@ def check_torchvision() -> None:
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
-    from transformers import AutoTokenizer
+    """The model's tokenizer (class `model.tokenizer_class` if set, template `model.chat_template` if set),
+    refused by tokenizer_check before any work when it does not read text right."""
+    import transformers
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path(cfg))
+    path = model_path(cfg)
+    if cfg.tokenizer_class:
+        tokenizer_class = getattr(transformers, cfg.tokenizer_class, None)
+        if not isinstance(tokenizer_class, type) or not hasattr(tokenizer_class, "from_pretrained"):
+            raise ConfigError(
+                f"model.tokenizer_class={cfg.tokenizer_class!r} is not a tokenizer class of transformers "
+                "(e.g. PreTrainedTokenizerFast, which reads tokenizer.json as it is)"
+            )
+    else:
+        tokenizer_class = transformers.AutoTokenizer
+    tokenizer = tokenizer_class.from_pretrained(path)
+    if cfg.chat_template:
+        template = Path(cfg.chat_template)
+        if not template.is_file():
+            raise ConfigError(f"model.chat_template={cfg.chat_template}: no such file (a Jinja chat template)")
+        tokenizer.chat_template = template.read_text(encoding="utf-8")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    check_tokenizer(tokenizer, path)
     return tokenizer
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from retool_cli.config import Isolation, ProtocolConfig, ProtocolName, RolloutConfig, SandboxConfig
+from retool_cli.config import Isolation, ProtocolConfig, ProtocolName, RolloutConfig, SandboxConfig, TemplatePolicy
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import (
     ChatToolProtocol,
@@ -153,14 +153,15 @@ def test_chat_tool_rendering_matches_the_template(tokenizer) -> None:
     assert tokenizer.decode(ids) + "\n" == full
 
 
-def test_chat_tool_refuses_a_template_that_rewrites_history(tokenizer) -> None:
+def test_chat_tool_refuses_a_template_that_renders_no_call_and_result(tokenizer) -> None:
     from transformers import PreTrainedTokenizerFast
 
     bad = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token=EOS, pad_token="<|pad|>")
     # renders only the last message: appending a message rewrites what came before
     bad.chat_template = "{{ messages[-1]['role'] }}: {{ messages[-1]['content'] }}<tool_call></tool_call>"
-    with pytest.raises(ConfigError, match="not prefix-preserving"):
-        ChatToolProtocol(bad, "SYS")
+    for policy in TemplatePolicy:  # no policy can continue a conversation the template cannot render
+        with pytest.raises(ConfigError, match="does not render a <tool_call> followed by its tool result"):
+            ChatToolProtocol(bad, "SYS", policy)
 
 
 # ------------------------------------------------------------------ the loop, scripted

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from retool_cli.config import Isolation, SandboxConfig, SyntheticConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.data.synthetic import KINDS, generate
-from retool_cli.data.traces import dump_messages, message_traces, synthetic_traces
+from retool_cli.data.traces import dump_messages, file_traces, synthetic_traces
 from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import DataError
@@ -64,16 +64,15 @@ def test_synthetic_traces_refuse_problems_without_a_program(protocol) -> None:
 def test_message_traces(protocol, tmp_path) -> None:
     path = tmp_path / "sft.jsonl"
     dump_messages(
-        path,
-        "What is 2+2?",
-        [("model", "<code>\nprint(2+2)\n</code>"), ("tool", "4"), ("model", "\\boxed{4}")],
+        path, "What is 2+2?", [("model", "Add."), ("call", "print(2+2)"), ("tool", "4"), ("model", "\\boxed{4}")]
     )
-    [trace] = message_traces(path, protocol)
+    [trace] = file_traces(str(path), protocol)
     tokenizer = protocol.tokenizer
     assert tokenizer.decode(trace.response_ids) == (
-        "<code>\nprint(2+2)\n</code>\n<interpreter>\n4\n</interpreter>\n\\boxed{4}" + tokenizer.eos_token
+        "Add.\n<code>\n```python\nprint(2+2)\n```\n</code>\n<interpreter>\n4\n</interpreter>\n\\boxed{4}"
+        + tokenizer.eos_token
     )
     assert sum(trace.response_mask) < len(trace.response_mask)
     path.write_text(path.read_text() + json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     with pytest.raises(DataError, match=r"sft.jsonl:2: needs a user message and must end with an assistant message"):
-        message_traces(path, protocol)
+        file_traces(str(path), protocol)
