@@ -82,7 +82,7 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
         tokenizer.chat_template = template.read_text(encoding="utf-8")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    check_tokenizer(tokenizer, path)
+    check_tokenizer(tokenizer, path, cfg.tokenizer_class)
     return tokenizer
 
 

@@ -13,6 +13,7 @@ learns nothing useful, silently. So every command that loads a tokenizer checks,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -34,19 +35,31 @@ PROBES = [
 _TEMPLATE_MARKER = re.compile(r"<\|[^|<>\s]+\|>|<｜[^｜<>\s]+｜>")
 
 
-def check_tokenizer(tokenizer: Any, source: str) -> None:
-    """Raise ConfigError naming what reads wrong and how to fix it; `source` is the folder or hub id."""
-    problems = _round_trip_problems(tokenizer) + _special_token_problems(tokenizer)
+def check_tokenizer(tokenizer: Any, source: str, tokenizer_class: str | None = None) -> None:
+    """Raise ConfigError naming what reads wrong and how to fix it; `source` is the folder or hub id,
+    `tokenizer_class` the class model.tokenizer_class forced (None: the one its files name)."""
+    problems, fixes = [], []
+    round_trip = _round_trip_problems(tokenizer)
+    if round_trip:
+        problems += round_trip
+        fixes.append(_round_trip_fix(source, tokenizer_class))
+    markers = _special_token_problems(tokenizer)
+    if markers:
+        problems += markers
+        fixes.append(
+            "the tokenizer files lack special tokens its chat template writes: load the model's own tokenizer "
+            "files, or give the template that goes with these files in model.chat_template=FILE.jinja"
+        )
     if not isinstance(getattr(tokenizer, "chat_template", None), str):
         problems.append("it has no chat template (the prompts are rendered with it)")
+        fixes.append("give one with model.chat_template=FILE.jinja")
     if tokenizer.eos_token_id is None:
         problems.append("it has no eos token (an answer could not end)")
+        fixes.append("use the model's own tokenizer files, which name its eos_token")
     if problems:
-        import transformers
-
         raise ConfigError(
             f"model.name_or_path={source}: the tokenizer does not read text right, so training on it would be "
-            "training on garbage:\n  - " + "\n  - ".join(problems) + "\n" + _fixes(source, transformers.__version__)
+            "training on garbage:\n  - " + "\n  - ".join(problems) + "\nFix: " + "; ".join(fixes) + "."
         )
 
 
@@ -85,25 +98,28 @@ def _special_token_problems(tokenizer: Any) -> list[str]:
     return problems
 
 
-def _fixes(source: str, version: str) -> str:
-    hints = [f"the installed transformers is {version}"]
+def _round_trip_fix(source: str, tokenizer_class: str | None) -> str:
+    import transformers
+
+    if tokenizer_class:
+        return (
+            f"model.tokenizer_class={tokenizer_class} reads these files wrong: leave it unset, or use the model's "
+            f"own tokenizer files (transformers {transformers.__version__})"
+        )
     folder = Path(source)
     tokenizer_config = folder / "tokenizer_config.json"
-    if tokenizer_config.is_file() and not (folder / "config.json").is_file():
-        try:
+    named = None
+    if tokenizer_config.is_file():
+        with contextlib.suppress(OSError, json.JSONDecodeError):
             named = json.loads(tokenizer_config.read_text(encoding="utf-8")).get("tokenizer_class")
-        except (OSError, json.JSONDecodeError):
-            named = None
-        hints.append(
-            f"{tokenizer_config} names tokenizer_class={named!r} and there is no config.json beside it: transformers "
-            "< 5.24 then follows that name (DeepSeek-R1-Distill-Qwen's files name LlamaTokenizerFast for a Qwen "
-            "vocabulary, which drops spaces). Put the model's config.json in the folder, or set "
-            "model.tokenizer_class=PreTrainedTokenizerFast to read tokenizer.json as it is, or upgrade transformers"
+    fix = (
+        "set model.tokenizer_class=PreTrainedTokenizerFast to read tokenizer.json as it is, or try another "
+        f"transformers release (installed: {transformers.__version__})"
+    )
+    if named and not (folder / "config.json").is_file():
+        fix = (
+            f"{tokenizer_config} names tokenizer_class={named!r} and no config.json is beside it, so transformers "
+            "< 5.24 builds that class (DeepSeek-R1-Distill-Qwen's files name LlamaTokenizerFast for a Qwen "
+            "vocabulary: it drops spaces). Put the model's config.json in the folder, or " + fix
         )
-    else:
-        hints.append(
-            "set model.tokenizer_class=PreTrainedTokenizerFast to read tokenizer.json as it is, or try another "
-            "transformers release"
-        )
-    hints.append("a template without the model's markers can be replaced with model.chat_template=FILE.jinja")
-    return "Fix: " + "; ".join(hints) + "."
+    return fix
