@@ -40,7 +40,8 @@ from retool_cli.interfaces import ToolProtocol
 
 log = logging.getLogger(__name__)
 
-RETOOL_QUESTION_MARK = "*user question:*"  # ReTool-SFT's prompt wraps the question after this line
+# ReTool-SFT's user message: its instructions, the question after this line, then a reminder of the answer format
+RETOOL_QUESTION_MARK, RETOOL_REMINDER = "*user question:*", "Remember to place the final answer"
 _TAGGED_STEP = re.compile(r"<code>(.*?)</code>(?:\s*<interpreter>\n?(.*?)\n?</interpreter>\n?)?", re.DOTALL)
 
 
@@ -125,9 +126,11 @@ def synthetic_traces(
 
 def read_trace_rows(source: str, revision: str = "main", split: str = "train") -> Iterable[tuple[str, dict]]:
     """(where, row) of a local file or folder, or of a hub dataset when no such path exists."""
-    if Path(source).expanduser().exists():
-        rows = read_local_rows(Path(source).expanduser())
-    elif re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+    path = Path(source).expanduser()
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", source) and path.suffix not in (".jsonl", ".json", ".parquet")
+    if path.exists():
+        rows = read_local_rows(path)
+    elif hub_id and not source.startswith("."):
         rows = read_hub_rows(source, revision, split, path_key="sft.traces_file")
     else:
         raise DataError(f"sft.traces_file={source}: no such file or folder (nor a hub dataset id owner/name)")
@@ -166,10 +169,11 @@ def conversation_segments(messages: Any, where: str) -> tuple[str, list[tuple[st
 
 
 def _question(content: str) -> str:
-    """ReTool-SFT's user message is its own instructions and then the question after `*user question:*`; the
-    run's protocol brings its own instructions (the system prompt RL samples with)."""
+    """ReTool-SFT's user message is its own instructions, the question after `*user question:*` and a reminder
+    of its answer format; the question alone is kept: the run's protocol brings its own instructions (the
+    system prompt RL samples with)."""
     if RETOOL_QUESTION_MARK in content:
-        content = content.split(RETOOL_QUESTION_MARK, 1)[1].replace("<answer>", "").replace("</answer>", "")
+        content = content.split(RETOOL_QUESTION_MARK, 1)[1].split(RETOOL_REMINDER, 1)[0]
     return content.strip()
 
 

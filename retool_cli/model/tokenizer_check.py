@@ -123,3 +123,17 @@ def _round_trip_fix(source: str, tokenizer_class: str | None) -> str:
             "vocabulary: it drops spaces). Put the model's config.json in the folder, or " + fix
         )
     return fix
+
+
+def check_same_tokenizer(ours: Any, engine_tokenizer: Any, engine: str) -> None:
+    """An engine that loads its own tokenizer (vLLM) must read text as ours does: its stop strings are found in
+    its own decoding of the ids we give it."""
+    for text in PROBES:
+        mine = ours.encode(text, add_special_tokens=False)
+        theirs = engine_tokenizer.encode(text, add_special_tokens=False)
+        if mine != theirs:
+            raise ConfigError(
+                f"{engine} loaded a tokenizer that reads text differently from the run's ({text!r}: {theirs[:8]} vs "
+                f"{mine[:8]}); point model.name_or_path at a folder with the model's config.json and tokenizer "
+                "files, so that both load the same one"
+            )

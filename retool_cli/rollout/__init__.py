@@ -29,6 +29,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
             sleep_mode=r.vllm_enable_sleep_mode,
             kv_cache_gib=r.vllm_kv_cache_gib,
+            tokenizer=tokenizer,
         )
     from retool_cli.model.loading import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine

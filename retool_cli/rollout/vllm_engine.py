@@ -30,6 +30,7 @@ import torch
 
 from retool_cli.errors import ConfigError, RetoolError
 from retool_cli.model.loading import check_torchvision, resolve_dtype
+from retool_cli.model.tokenizer_check import check_same_tokenizer
 from retool_cli.rollout.hf_engine import Generation, Sampling
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,12 @@ class VLLMEngine:
         gpu_memory_utilization: float,
         sleep_mode: bool,
         kv_cache_gib: float = 0.0,
+        tokenizer: Any = None,
     ) -> None:
         """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
         the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
-        takes `gpu_memory_utilization` of the machine's memory)."""
+        takes `gpu_memory_utilization` of the machine's memory). `tokenizer`: the run's, which vLLM's own must
+        agree with (vLLM finds stop strings in its own decoding)."""
         vllm = _import_vllm()
         from vllm.platforms import current_platform
 
@@ -111,6 +114,8 @@ class VLLMEngine:
             dtype,
             "external launcher (one per process)" if launcher else "in this process",
         )
+        if tokenizer is not None:
+            check_same_tokenizer(tokenizer, self.llm.get_tokenizer(), "vLLM")
         # each weight sync warns that the rotary embedding (a buffer, no weights) loaded none: not a problem
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
