@@ -82,11 +82,13 @@ COMMANDS = {
     "sft": CommandHelp(
         "Cold-start fine-tuning on code-interleaved traces, rendered exactly as RL will see them; resumes its last "
         "checkpoint when rerun.",
-        "sft.traces_file (chat traces), or traces synthesised for trainer.train_file / the `data` section",
+        "sft.traces_file (chat traces with tool calls, or ReTool-SFT's; a file, folder or hub id), or traces "
+        "synthesised for trainer.train_file / the `data` section",
         "RUN/checkpoints/step_N (loadable with from_pretrained), RUN/metrics.jsonl, RUN/sft.png",
         (
             "trainer.train_file",
             "sft.traces_file",
+            "sft.traces_revision",
             "sft.steps",
             "sft.lr",
             "sft.batch_size",
@@ -94,7 +96,10 @@ COMMANDS = {
             "sft.resume",
             "model.name_or_path",
         ),
-        ("retool sft recipe=dapo_smoke trainer.train_file=outputs/prepare/DAY/TIME/train.jsonl",),
+        (
+            "retool sft recipe=dapo_smoke trainer.train_file=outputs/prepare/DAY/TIME/train.jsonl",
+            "retool sft sft.traces_file=JoeYing/ReTool-SFT sft.traces_revision=COMMIT model.name_or_path=MODEL",
+        ),
     ),
     "train": CommandHelp(
         "Multi-turn RL (GRPO/DAPO family) with the code interpreter; resumes its last checkpoint when rerun.",

@@ -124,7 +124,7 @@ def parse_tagged_call(turn_text: str) -> ToolCall:
 
 
 def parse_chat_call(turn_text: str) -> ToolCall:
-    """A Hermes JSON call or a Qwen3.5 XML-parameter call of code_interpreter, from a turn ending in </tool_call>."""
+    """A Hermes JSON or Qwen3-Coder XML-parameter call of code_interpreter, from a turn ending in </tool_call>."""
     start = turn_text.rfind("<tool_call>")
     end = turn_text.rfind("</tool_call>")
     if start < 0 or end < start:

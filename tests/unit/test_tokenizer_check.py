@@ -121,3 +121,18 @@ def test_the_command_line_refuses_before_any_work(tmp_path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "does not read text right" in out and "Traceback" not in out
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob(".hydra"))  # no run left
+
+
+def test_an_engine_tokenizer_that_reads_differently_is_refused() -> None:
+    from transformers import AutoTokenizer
+
+    from retool_cli.model.tokenizer_check import check_same_tokenizer
+
+    ours = load_tokenizer(ModelConfig(name_or_path=str(tokenizer_folder("qwen2.5-instruct"))))
+    check_same_tokenizer(ours, AutoTokenizer.from_pretrained(tokenizer_folder("qwen2.5-instruct")), "vLLM")
+    with pytest.raises(ConfigError, match="reads text differently"):  # Qwen3 has <think> as one token
+        check_same_tokenizer(ours, AutoTokenizer.from_pretrained(tokenizer_folder("qwen3")), "vLLM")
+    skip_where_transformers_reads_deepseek_right()
+    spaceless = AutoTokenizer.from_pretrained(tokenizer_folder("deepseek-r1-distill-qwen"))  # as vLLM would load it
+    with pytest.raises(ConfigError, match=r"vLLM loaded a tokenizer that reads text differently.*\[1639, 3605"):
+        check_same_tokenizer(ours, spaceless, "vLLM")
