@@ -17,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retool_cli.model.tiny import tiny_model_path  # noqa: E402
-from retool_cli.rl.optim import sequence_logprobs  # noqa: E402
-from retool_cli.rollout.hf_engine import HFEngine, Sampling  # noqa: E402
-from tests.real_models import build_model_folder, load_real_tokenizer  # noqa: E402
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl.optim import sequence_logprobs
+from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from tests.real_models import build_model_folder, load_real_tokenizer
 
 
 def timed(fn, repeats: int = 5) -> float:
