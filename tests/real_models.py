@@ -42,33 +42,14 @@ def load_real_tokenizer(name: str, chat_template: Path | None = None):
 
 
 def build_model_folder(name: str, out: Path, seed: int = 0) -> Path:
-    """A random-init Qwen2 model (hidden 64, 2 layers, head size 32: vLLM's CPU attention runs it) over the
-    real vocabulary of `name`, with its tokenizer files: a folder `model.name_or_path` takes as it is."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    """A random-init Qwen2 model with the tiny model's body (hidden 64, 2 layers, head size 32: vLLM's CPU
+    attention runs it) over the real vocabulary of `name`, with its tokenizer files: a folder
+    `model.name_or_path` takes as it is."""
+    from retool_cli.model.tiny import TINY_SPEC, build_model
 
     tokenizer = load_real_tokenizer(name)
     out.mkdir(parents=True, exist_ok=True)
     for file in tokenizer_folder(name).iterdir():
         shutil.copy(file, out / file.name)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        config = Qwen2Config(
-            vocab_size=(len(tokenizer) + 127) // 128 * 128,  # padded, as the real models' embeddings are
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            tie_word_embeddings=True,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(out)
+    build_model(tokenizer, {**TINY_SPEC, "max_positions": 2048, "seed": seed}).save_pretrained(out)
     return out

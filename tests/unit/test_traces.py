@@ -194,3 +194,14 @@ def test_bad_trace_rows_name_the_row(tmp_path) -> None:
     # a hub id offline: the key that takes a local copy is named
     with pytest.raises(DataError, match=r"JoeYing/ReTool-SFT.*Pass a local copy with sft.traces_file="):
         file_traces("JoeYing/ReTool-SFT", protocol, revision="d6e5a4e")
+
+
+def test_a_datasets_folder_of_traces_reads_as_the_file_does(retool_parquet, tmp_path) -> None:
+    """A hub dataset arrives as a `datasets` object: the same rows saved with save_to_disk read the same."""
+    import datasets
+
+    folder = tmp_path / "retool_sft_saved"
+    datasets.Dataset.from_parquet(str(retool_parquet)).save_to_disk(str(folder))
+    protocol = TaggedProtocol(AutoTokenizer.from_pretrained(tiny_model_path()), "SYS")
+    from_folder = [t.input_ids for t in file_traces(str(folder), protocol)]
+    assert from_folder == [t.input_ids for t in file_traces(str(retool_parquet), protocol)] and len(from_folder) == 2
