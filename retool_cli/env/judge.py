@@ -38,10 +38,18 @@ _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 _DECIMAL = re.compile(r"^-?\d*\.\d+$")
 _MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}$")
 _PERCENT_WORD = re.compile(r"(\d)\s*(?:percent(?:age)?|pct)\b\.?", re.IGNORECASE)
+_PERCENT_SIGN = re.compile(r"(?<=[\d})])\s*\\?%$")  # math-verify reads 50\% as 50: the sign is a unit
+# 0.\overline{3}, 1.2\overline{45}, 0.\dot{6}: a repeating decimal is the fraction it spells
+_REPEATING = re.compile(r"(\d*)\.(\d*)(?:\\(?:overline|bar|dot)\s*\{?(\d+)\}?|\((\d+)\)$)")
+_PLAIN_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")  # 2 1/2 in plain text
+_LETTER_UNION = re.compile(r"([)\]}])\s*U\s*(?=[(\[]|\\\{)")  # (-\infty, 2) U (3, \infty)
+# `x = 5`, `\theta_1 = \frac{\pi}{3}`, `(x, y) = (1, -1)`: a name (or a tuple of names) given its value
+_NAME = r"(?:\\[A-Za-z]+|[A-Za-z])(?:_\{?\w+\}?)?"
+_NAMED_VALUE = re.compile(rf"^(?:{_NAME}|(?:\\left)?\(\s*{_NAME}(?:\s*,\s*{_NAME})+\s*(?:\\right)?\))\s*=\s*([^=]+)$")
 _CURRENCY = re.compile(r"^(?:\\\$|US\$|USD|[€£¥])\s*|\s*(?:\\\$|[€£¥]|USD|dollars?|cents?|euros?|yuan)\.?$")
 _BARE_WORD = re.compile(r"^[A-Za-z]{2,}$")
 _UNIT = re.compile(
-    r"(\d)\s*\\(?:text|textnormal|mbox|mathrm)\{\s*(?!(?:or|and)\s*\})[A-Za-z][A-Za-z ./]*\}(?:\s*\^\s*\{?[23]\}?)?"
+    r"(\d|\})\s*\\(?:text|textnormal|mbox|mathrm)\{\s*(?!(?:or|and)\s*\})[A-Za-z][A-Za-z ./]*\}(?:\s*\^\s*\{?[23]\}?)?"
 )
 _TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-z])")
 _DEGREES = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\\circ\}?")
@@ -66,6 +74,8 @@ def read_answer(answer: str, other: str) -> str:
         text = text[:-1].rstrip()
     if _EMPTY_SET.match(text):
         return "\\emptyset"
+    if "=" not in other and (named := _NAMED_VALUE.match(text)):
+        text = named.group(1).strip()  # against a bare value, `x = 5` gives 5 and `(x, y) = (1, 2)` gives (1, 2)
     spaced = re.sub(r"\\[,;:! ]", " ", text).replace("\\left\\{", "\\{").replace("\\right\\}", "\\}")
     if match := _SET_BUILDER.match(spaced):
         return match.group(2)  # {x | x > 2} is read as x > 2, which is compared with sets as a set
@@ -74,6 +84,11 @@ def read_answer(answer: str, other: str) -> str:
     text = _PERCENT_WORD.sub(r"\1\\%", text)
     text = _UNIT.sub(r"\1", text)  # 864 \\mbox{ inches}^2, also inside brackets where math-verify keeps units
     text = _CURRENCY.sub("", text).strip()
+    text = _PERCENT_SIGN.sub("", text)  # 33\\frac{1}{3}\\%: the mixed number below is then read
+    text = _REPEATING.sub(_repeating_as_fraction, text)
+    text = _LETTER_UNION.sub(r"\1 \\cup ", text)
+    if (plain := _PLAIN_MIXED_NUMBER.match(text)) and int(plain.group(3)) < int(plain.group(4)):
+        text = "{}{}\\frac{{{}}}{{{}}}".format(*plain.groups())  # read as a mixed number below
     other_is_list = candidate_count(other) > 1
     if THOUSANDS.match(text) and not other_is_list:
         return text.replace(",", "")
@@ -88,6 +103,16 @@ def read_answer(answer: str, other: str) -> str:
     if _BARE_WORD.match(text):
         return f"\\text{{{text}}}"  # a name ("Navin"), not a product of symbols
     return text
+
+
+def _repeating_as_fraction(match: re.Match) -> str:
+    """`1.2\\overline{45}` -> the exact fraction: whole + fixed digits / 10^n + period / ((10^m - 1) 10^n)."""
+    from fractions import Fraction
+
+    whole, fixed, period = match.group(1) or "0", match.group(2), match.group(3) or match.group(4)
+    value = int(whole) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+    value += Fraction(int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+    return f"\\frac{{{value.numerator}}}{{{value.denominator}}}" if value.denominator != 1 else str(value.numerator)
 
 
 # ------------------------------------------------------------------ hedges
@@ -156,6 +181,21 @@ def _with_imaginary_unit(parsed: list) -> list:
         return x.xreplace({s: sympy.I for s in x.free_symbols if getattr(s, "name", "") == "i"})
 
     return [substituted(x) for x in parsed]
+
+
+def _evaluated(expr):
+    """Set operations and the arithmetic inside a tuple's, set's, interval's or matrix's components carried out
+    (math-verify keeps `[1,2] \\cup [2,3]` and `(2 \\cdot 2, 6)` unevaluated): `[1,3]` and `(4, 6)`."""
+    import sympy
+
+    if isinstance(expr, (sympy.Set, sympy.Tuple, sympy.MatrixBase)):
+        try:
+            return expr.doit()
+        except (TypeError, ValueError, NotImplementedError):
+            return expr
+    if isinstance(expr, tuple):
+        return tuple(_evaluated(x) for x in expr)
+    return expr
 
 
 def _region(expr):
@@ -242,6 +282,7 @@ def judge(gold: str, pred: str) -> bool:
     pred_latex = read_answer(pred, gold)
     g = _with_imaginary_unit(list(_parse(_as_math(gold_latex) if gold_is_text else f"${gold_latex}$")))
     p = _with_imaginary_unit(list(_parse(f"${pred_latex}$")))
+    g[:1], p[:1] = [_evaluated(x) for x in g[:1]], [_evaluated(x) for x in p[:1]]
     if not g or not p:
         return False
     region = _region(g[0])

@@ -297,12 +297,103 @@ def aime_and_dapo(rng: random.Random) -> list[dict]:
     return rows
 
 
+def set_operations() -> list[dict]:
+    """Unions, intersections and differences of intervals and finite sets, evaluated before comparison."""
+    same = [("[1,3]", "[1,2] \\cup [2,3]", "Interval(1,3)", "Union(Interval(1,2),Interval(2,3))"),
+            ("[0,2]", "[0, 1) \\cup [1, 2]", "Interval(0,2)", "Union(Interval.Ropen(0,1),Interval(1,2))"),
+            ("[1,2] \\cup [2,3]", "[1,3]", "Union(Interval(1,2),Interval(2,3))", "Interval(1,3)"),
+            ("[3,5]", "[1,5] \\cap [3,7]", "Interval(3,5)", "Intersection(Interval(1,5),Interval(3,7))"),
+            ("\\{2,3\\}", "\\{1,2,3\\} \\cap \\{2,3,4\\}", "FiniteSet(2,3)", "Intersection(FiniteSet(1,2,3),FiniteSet(2,3,4))"),
+            ("\\{1,2,3\\}", "\\{1,2\\} \\cup \\{3\\}", "FiniteSet(1,2,3)", "Union(FiniteSet(1,2),FiniteSet(3))"),
+            ("\\{1,2\\}", "\\{1,2,3\\} \\setminus \\{3\\}", "FiniteSet(1,2)", "Complement(FiniteSet(1,2,3),FiniteSet(3))"),
+            ("[0,1) \\cup (1,2]", "[0,2] \\setminus \\{1\\}", "Union(Interval.Ropen(0,1),Interval.Lopen(1,2))", "Complement(Interval(0,2),FiniteSet(1))"),
+            ("(-\\infty,2)\\cup(2,\\infty)", "\\mathbb{R} \\setminus \\{2\\}", "Union(Interval.open(-oo,2),Interval.open(2,oo))", "Complement(Reals,FiniteSet(2))"),
+            ("\\mathbb{R} \\setminus (1, 3)", "(-\\infty, 1] \\cup [3, \\infty)", "Complement(Reals,Interval.open(1,3))", "Union(Interval(-oo,1),Interval(3,oo))"),
+            ("(-\\infty,2) \\cup (3,\\infty)", "(-\\infty,2) U (3,\\infty)", "Union(Interval.open(-oo,2),Interval.open(3,oo))", "Union(Interval.open(-oo,2),Interval.open(3,oo))"),
+            ("[-1,4]", "[-1,2] \\cup [0,4]", "Interval(-1,4)", "Union(Interval(-1,2),Interval(0,4))")]  # fmt: skip
+    differ = [("[1,3]", "[1,2] \\cup [2,4]", "Interval(1,3)", "Union(Interval(1,2),Interval(2,4))"),
+              ("[0,2]", "[0,1) \\cup (1,2]", "Interval(0,2)", "Union(Interval.Ropen(0,1),Interval.Lopen(1,2))"),
+              ("[3,5]", "[1,5] \\cap [4,7]", "Interval(3,5)", "Intersection(Interval(1,5),Interval(4,7))"),
+              ("\\{1\\}", "\\{1,2\\} \\cap \\{2,3\\}", "FiniteSet(1)", "Intersection(FiniteSet(1,2),FiniteSet(2,3))"),
+              ("\\{1,2,3\\}", "\\{1,2\\} \\cup \\{4\\}", "FiniteSet(1,2,3)", "Union(FiniteSet(1,2),FiniteSet(4))"),
+              ("(-\\infty,2)\\cup(2,\\infty)", "\\mathbb{R} \\setminus \\{3\\}", "Union(Interval.open(-oo,2),Interval.open(2,oo))", "Complement(Reals,FiniteSet(3))")]  # fmt: skip
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
+
+
+def component_arithmetic() -> list[dict]:
+    """Arithmetic inside a tuple's, interval's, set's or matrix's components."""
+    same = [("(4, 6)", "(2 \\cdot 2, 6)", "Tuple(4,6)", "Tuple(2*2,6)"), ("(2,3)", "(\\frac{4}{2}, 3)", "Tuple(2,3)", "Tuple(Rational(4,2),3)"),
+            ("(2,4)", "(1+1, 2^2)", "Tuple(2,4)", "Tuple(1+1,2**2)"), ("(2,3)", "(\\sqrt{4}, 3)", "Tuple(2,3)", "Tuple(sqrt(4),3)"),
+            ("(2,2,2)", "(1+1, 3-1, 2)", "Tuple(2,2,2)", "Tuple(1+1,3-1,2)"), ("[1,3]", "[\\frac{2}{2}, 3]", "Interval(1,3)", "Interval(Rational(2,2),3)"),
+            ("\\{4, 6\\}", "\\{2+2, 6\\}", "FiniteSet(4,6)", "FiniteSet(2+2,6)"),
+            ("\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", "\\begin{pmatrix} 2 \\cdot 2 \\\\ 3+3 \\end{pmatrix}", "Matrix([4,6])", "Matrix([2*2,3+3])"),
+            ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix} \\frac{2}{2} & 1+1 \\\\ 3 & 2^2 \\end{pmatrix}", "Matrix([[1,2],[3,4]])", "Matrix([[Rational(2,2),1+1],[3,2**2]])"),
+            ("(6, 31, -1)", "(2 \\cdot 3, 30+1, -1)", "Tuple(6,31,-1)", "Tuple(2*3,30+1,-1)")]  # fmt: skip
+    differ = [("(4, 6)", "(2 \\cdot 3, 6)", "Tuple(4,6)", "Tuple(2*3,6)"), ("(2,2,2)", "(1+1, 3-1, 3)", "Tuple(2,2,2)", "Tuple(1+1,3-1,3)"),
+              ("(2,4)", "(2^2, 1+1)", "Tuple(2,4)", "Tuple(2**2,1+1)"), ("\\{4, 6\\}", "\\{2+3, 6\\}", "FiniteSet(4,6)", "FiniteSet(2+3,6)"),
+              ("\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", "\\begin{pmatrix} 2 \\cdot 3 \\\\ 2 \\cdot 2 \\end{pmatrix}", "Matrix([4,6])", "Matrix([2*3,2*2])")]  # fmt: skip
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
+
+
+def named_values() -> list[dict]:
+    """`name = value` and `(x, y) = (...)` against the values alone (the sympy pair: the values)."""
+    same = [("(x, y) = (1, -1)", "(1, -1)", "Tuple(1,-1)", "Tuple(1,-1)"), ("(1, -1)", "(x, y) = (1, -1)", "Tuple(1,-1)", "Tuple(1,-1)"),
+            ("(1,2,3)", "(a,b,c) = (1,2,3)", "Tuple(1,2,3)", "Tuple(1,2,3)"), ("0.5", "x=\\frac{1}{2}", "Rational(1,2)", "Rational(1,2)"),
+            ("x = 5", "5", "5", "5"), ("5", "k=5", "5", "5"), ("\\theta = \\frac{\\pi}{3}", "\\frac{\\pi}{3}", "pi/3", "pi/3"),
+            ("(a, b) = (2, 3)", "\\left(2, 3\\right)", "Tuple(2,3)", "Tuple(2,3)"), ("x_1 = 4", "4", "4", "4")]  # fmt: skip
+    differ = [("(x, y) = (1, -1)", "(-1, 1)", "Tuple(1,-1)", "Tuple(-1,1)"), ("(1,2,3)", "(a,b,c) = (1,3,2)", "Tuple(1,2,3)", "Tuple(1,3,2)"),
+              ("x = 5", "6", "5", "6"), ("5", "k=-5", "5", "-5"), ("(a, b) = (2, 3)", "(3, 2)", "Tuple(2,3)", "Tuple(3,2)")]  # fmt: skip
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
+
+
+def _repeating(whole: int, fixed: str, period: str) -> str:
+    """A repeating decimal as sympy sums it: whole + fixed digits + the period repeated for ever (a series)."""
+    n, m = len(fixed), len(period)
+    fixed_part = f"Rational({int(fixed or 0)}, 10**{n})"
+    return f"{whole} + {fixed_part} + Sum({int(period)} * 10**(-{n} - {m}*k), (k, 1, oo))"
+
+
+def repeating_decimals() -> list[dict]:
+    """Overlined, dotted and bracketed periods are exact values (the label: sympy's sum of the series)."""
+    same = [("\\frac{1}{3}", "0.\\overline{3}", "Rational(1,3)", _repeating(0, "", "3")),
+            ("\\frac{1}{6}", "0.1\\overline{6}", "Rational(1,6)", _repeating(0, "1", "6")),
+            ("\\frac{1}{11}", "0.\\overline{09}", "Rational(1,11)", _repeating(0, "", "09")),
+            ("\\frac{22}{7}", "3.\\overline{142857}", "Rational(22,7)", _repeating(3, "", "142857")),
+            ("1", "0.\\overline{9}", "1", _repeating(0, "", "9")), ("\\frac{41}{333}", "0.\\overline{123}", "Rational(41,333)", _repeating(0, "", "123")),
+            ("\\frac{1}{3}", "0.(3)", "Rational(1,3)", _repeating(0, "", "3")), ("\\frac{2}{3}", "0.\\dot{6}", "Rational(2,3)", _repeating(0, "", "6")),
+            ("\\frac{137}{110}", "1.2\\overline{45}", "Rational(137,110)", _repeating(1, "2", "45")),
+            ("0.\\overline{3}", "\\frac{1}{3}", _repeating(0, "", "3"), "Rational(1,3)")]  # fmt: skip
+    differ = [("\\frac{1}{3}", "0.\\overline{4}", "Rational(1,3)", _repeating(0, "", "4")),
+              ("\\frac{1}{3}", "0.\\overline{34}", "Rational(1,3)", _repeating(0, "", "34")),
+              ("\\frac{1}{6}", "0.\\overline{16}", "Rational(1,6)", _repeating(0, "", "16")),
+              ("\\frac{22}{7}", "3.\\overline{14}", "Rational(22,7)", _repeating(3, "", "14")),
+              ("\\frac{1}{3}", "0.3", "Rational(1,3)", "Rational(3,10)")]  # fmt: skip
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
+
+
+def mixed_in_percent_and_units() -> list[dict]:
+    """Mixed numbers (and repeating decimals) inside a percentage, before a unit or a currency sign."""
+    same = [("33\\frac{1}{3}\\%", "\\frac{100}{3}\\%", "33+Rational(1,3)", "Rational(100,3)"),
+            ("12.5\\%", "12\\frac{1}{2}\\%", "Rational(25,2)", "12+Rational(1,2)"), ("2.5", "2\\frac{1}{2} \\text{ hours}", "Rational(5,2)", "2+Rational(1,2)"),
+            ("\\frac{3}{2}", "1\\frac{1}{2}\\text{ cups}", "Rational(3,2)", "1+Rational(1,2)"), ("2.5", "\\$2\\frac{1}{2}", "Rational(5,2)", "2+Rational(1,2)"),
+            ("\\frac{21}{4}", "5\\frac{1}{4} \\text{ inches}", "Rational(21,4)", "5+Rational(1,4)"),
+            ("\\frac{10}{3}", "3 \\frac{1}{3}\\text{ m}^2", "Rational(10,3)", "3+Rational(1,3)"), ("2.5", "2\\tfrac{1}{2}%", "Rational(5,2)", "2+Rational(1,2)"),
+            ("2.5", "2 1/2", "Rational(5,2)", "2+Rational(1,2)"), ("\\frac{7}{3}", "\\frac{7}{3}\\,\\text{cm}", "Rational(7,3)", "Rational(7,3)"),
+            ("\\frac{100}{3}\\%", "33.\\overline{3}\\%", "Rational(100,3)", _repeating(33, "", "3"))]  # fmt: skip
+    differ = [("12.5\\%", "12\\frac{1}{3}\\%", "Rational(25,2)", "12+Rational(1,3)"), ("33\\frac{1}{3}\\%", "\\frac{100}{6}\\%", "33+Rational(1,3)", "Rational(100,6)"),
+              ("2.5", "2\\frac{1}{4} \\text{ hours}", "Rational(5,2)", "2+Rational(1,4)"), ("2.5", "3 1/2", "Rational(5,2)", "3+Rational(1,2)"),
+              ("50\\%", "0.5", "50", "Rational(1,2)")]  # fmt: skip
+    return [sym(g, p, True, sg, sp) for g, p, sg, sp in same] + [sym(g, p, False, sg, sp) for g, p, sg, sp in differ]
+
+
 def main() -> None:
     rng = random.Random(0)
     categories = {"signed_integers": signed_integers(), "sums_and_polynomials": sums_and_polynomials(),
                   "complex_numbers": complex_numbers(), "lists_of_roots": lists_of_roots(), "units_and_currency": units_and_currency(),
                   "factorials": factorials(), "equations": equations(), "sets_and_intervals": sets_and_intervals(), "hedges": hedges(),
-                  "plain_numbers": plain_numbers(), "math500_forms": math500_forms(rng), "aime_and_dapo": aime_and_dapo(rng)}  # fmt: skip
+                  "plain_numbers": plain_numbers(), "math500_forms": math500_forms(rng), "aime_and_dapo": aime_and_dapo(rng),
+                  "set_operations": set_operations(), "component_arithmetic": component_arithmetic(), "named_values": named_values(),
+                  "repeating_decimals": repeating_decimals(), "mixed_in_percent_and_units": mixed_in_percent_and_units()}  # fmt: skip
     lines = []
     for category, rows in categories.items():
         for i, row in enumerate(rows):
