@@ -1,6 +1,9 @@
 """Decontamination: speed against open-r1's method (re-implemented plainly: per-row n-gram sets, dict
 lookups) on a synthetic 100k-row training set against aime24 + aime25 + math500, with identical flags under
-the `any` rule; then precision and recall of the rules on edited benchmark copies and real DAPO rows.
+the `any` rule; then recall of the rules on a labelled set of edited benchmark copies (200 problems drawn with
+a fixed seed; words replaced by filler words with the numbers kept, sentences reordered, both, truncated, a
+prefix added; every problem of at most 12 words copied verbatim, alone and inside a longer row) and false
+positives on the 176 real DAPO rows of ../shared/data (none of them a benchmark problem).
 
     python benchmarks/decontam_bench.py [--rows 100000] [--rounds 5] [--data ../shared/data]
 """
@@ -10,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import time
 from pathlib import Path
 
-from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision, openr1_flags
+from retool_cli.data.decontam import BenchmarkIndex, normalize, openr1_flags, verdicts
 
 FILLER = [
     "the",
@@ -61,24 +65,31 @@ def edited_copies(bench: list[str], rng: random.Random, per_kind: int = 200) -> 
             words[i] = rng.choice(FILLER)
         return " ".join(words)
 
+    def reorder(text: str) -> str | None:
+        sentences = [s for s in re.split(r"(?<=[.?!])\s+", text.strip()) if s]
+        shuffled = sentences[::-1]  # reversed: another order for any problem of several sentences
+        return " ".join(shuffled) if len(sentences) > 1 else None
+
     items = rng.sample(range(len(bench)), per_kind)
     kinds = {
         f"{int(100 * f)}% words changed": [("Problem: " + edit(bench[i], f), i) for i in items]
-        for f in (0.1, 0.2, 0.3, 0.4)
+        for f in (0.1, 0.2, 0.25, 0.3, 0.4)
     }
+    kinds["sentences reordered"] = [(t, i) for i in items if (t := reorder(bench[i]))]
+    kinds["25% changed + reordered"] = [(t, i) for i in items if (t := reorder(edit(bench[i], 0.25)))]
     kinds["truncated to 70%"] = [(" ".join(bench[i].split()[: int(0.7 * len(bench[i].split()))]), i) for i in items]
     kinds["prefix added"] = [("Here is a competition question. " + bench[i], i) for i in items]
+    short = [i for i, text in enumerate(bench) if len(normalize(text).split()) <= 12]
+    kinds["short, verbatim"] = [(bench[i], i) for i in short]
+    kinds["short, inside a row"] = [(f"Solve this: {bench[i]} Show your work.", i) for i in short]
     return kinds
 
 
 def rule_flags(texts: list[str], bench: list[str], rule: str) -> list[bool]:
+    """The rule as `retool decontaminate` applies it with its defaults."""
     if rule == "any":
         return [o.shared > 0 for o in BenchmarkIndex(bench, 8).overlaps(texts)]
-    overlaps = BenchmarkIndex(bench, 3).overlaps(texts)
-    return [
-        flagged(o, "coverage", 0.25, number_precision(t, bench[o.item]) if o.item >= 0 else 0.0)
-        for o, t in zip(overlaps, texts, strict=True)
-    ]
+    return [v.flagged for v in verdicts(BenchmarkIndex(bench, 3, contained=True), texts, bench, "coverage")]
 
 
 def main() -> None:
@@ -106,7 +117,7 @@ def main() -> None:
     print(f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x")
     print(f"flags: open-r1 {sum(plain)}, ours {sum(ours)}, identical: {plain == ours}")
 
-    print("\nrecall on edited benchmark copies (200 each) and false positives on 176 real DAPO rows:")
+    print("\nrecall on edited benchmark copies and false positives on 176 real DAPO rows:")
     kinds = edited_copies(bench, rng)
     for rule in ("any", "coverage"):
         line = f"  rule={rule:<9}"
@@ -114,12 +125,15 @@ def main() -> None:
         for name, rows in kinds.items():
             hits = sum(rule_flags([t for t, _ in rows], bench, rule))
             caught, total = caught + hits, total + len(rows)
-            line += f" {name}: {hits / len(rows):.1%};"
+            line += f" {name}: {hits}/{len(rows)};"
         false_pos = sum(rule_flags(dapo, bench, rule))
+        # clean rows of competition style: each benchmark's problems against the other benchmarks' index
+        aime, math500 = bench[:60], bench[60:]
+        cross = sum(rule_flags(math500, aime, rule)) + sum(rule_flags(aime, math500, rule))
         precision = caught / max(1, caught + false_pos)
         print(
             f"{line}\n    recall {caught / total:.1%}, DAPO rows flagged {false_pos}/176 ({false_pos / 176:.1%}), "
-            f"precision {precision:.1%}"
+            f"precision {precision:.1%}; math500 rows against aime and aime rows against math500 flagged {cross}/560"
         )
 
 

@@ -493,6 +493,9 @@ class DecontamConfig:
     threshold: float = 0.25  # coverage rule: share of the benchmark item's n-grams found in the row...
     text_only_threshold: float = 0.5  # ...with the row's numbers in the item, or this share whatever the numbers
     min_shared: int = 3  # coverage rule: fewer shared n-grams never flag (one common phrase is not a copy)
+    # coverage rule, a row or item without numbers: `threshold` of the item's n-grams flag when this (weighted) share
+    # of the item's distinct words is in the row too (a reworded copy keeps its words; see data/decontam.py)
+    word_threshold: float = 0.7
     latex_folding: bool = True  # drop LaTeX markup ($, braces, \frac, \left ...) before comparing
     punctuation_folding: bool = True  # drop punctuation before comparing
 
@@ -500,6 +503,7 @@ class DecontamConfig:
         _check(self.rule in ("coverage", "any"), "decontam.rule", "must be coverage or any")
         _check(self.n >= 1 and self.coverage_n >= 1, "decontam.n", "n-gram sizes must be >= 1")
         _check(0 < self.threshold <= 1, "decontam.threshold", "must be in (0, 1]")
+        _check(0 < self.word_threshold <= 1, "decontam.word_threshold", "must be in (0, 1]")
         _check(bool(self.benchmarks), "decontam.benchmarks", "needs at least one benchmark")
 
 

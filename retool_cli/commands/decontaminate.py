@@ -13,7 +13,7 @@ from rich.table import Table
 from retool_cli.compose import CONF_DIR
 from retool_cli.config import BenchmarkConfig, RetoolConfig
 from retool_cli.data.dataset import MathExample, load_examples, prepare_dataset
-from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision
+from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision, verdicts
 from retool_cli.errors import ConfigError
 from retool_cli.files import write_json, write_jsonl
 
@@ -46,20 +46,25 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     for name in cfg.benchmarks:
         problems = load_benchmark_problems(name, cfg.benchmark_paths, config.seed)
         items = [p.question for p in problems]
-        shared = BenchmarkIndex(items, cfg.n, cfg.latex_folding, cfg.punctuation_folding).overlaps(texts)
-        cover = BenchmarkIndex(items, cfg.coverage_n, cfg.latex_folding, cfg.punctuation_folding).overlaps(texts)
+        folding = (cfg.latex_folding, cfg.punctuation_folding)
+        shared = BenchmarkIndex(items, cfg.n, *folding).overlaps(texts)
+        cover = verdicts(
+            BenchmarkIndex(items, cfg.coverage_n, *folding, contained=True), texts, items, "coverage", cfg.threshold,
+            cfg.min_shared, cfg.text_only_threshold, cfg.word_threshold,
+        )  # fmt: skip
         hits = 0
         for i, (s, c) in enumerate(zip(shared, cover, strict=True)):
-            o = s if cfg.rule == "any" else c
-            numbers = number_precision(texts[i], items[o.item]) if o.item >= 0 else 0.0
-            if flagged(o, cfg.rule, cfg.threshold, numbers, cfg.min_shared, cfg.text_only_threshold):
+            o = s if cfg.rule == "any" else c.overlap
+            if flagged(s, "any", cfg.threshold) if cfg.rule == "any" else c.flagged:
                 hits += 1
+                numbers = c.numbers if c.overlap.item == o.item else number_precision(texts[i], items[o.item])
                 match = {
                     "benchmark": name,
                     "item_id": problems[o.item].id,
-                    "coverage": round(c.coverage, 4),
+                    "coverage": round(c.overlap.coverage, 4),
                     "shared_ngrams": s.shared,
-                    "number_precision": round(numbers, 4),
+                    "number_precision": None if numbers is None else round(numbers, 4),
+                    "word_coverage": round(c.words, 4),
                     "exact": o.exact,
                 }
                 if i not in best or match["coverage"] > best[i]["coverage"]:

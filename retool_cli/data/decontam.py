@@ -3,14 +3,18 @@
     text --normalize--> words --hash each n-gram (one compiled pass per chunk of rows)--> look up in the index
       --> per row: the benchmark item it shares most n-grams with, the count, coverage = shared / item's n-grams
 
-Rules: `any` (one shared n-gram: open-r1's rule), `coverage` (coverage >= threshold), plus a normalised exact
-match for benchmark problems shorter than n words (no n-gram rule can see those). Competition boilerplate
+Rules: `any` (one shared n-gram: open-r1's rule), `coverage` (coverage >= threshold, see `flagged`), plus a
+normalised exact match for benchmark problems shorter than n words (no n-gram rule can see those; with
+`contained`, such a problem of two or more words copied anywhere inside a row). Competition boilerplate
 ("where m and n are relatively prime positive integers") shares an 8-gram with many unrelated problems, so
-`any` over-flags; `coverage` with a small n catches lightly edited copies while ignoring one shared phrase.
+`any` over-flags; `coverage` with a small n catches edited copies (a quarter of the words replaced, sentences
+reordered) while ignoring one shared phrase: numbers carry a problem's identity where it has some, the share
+of its distinct words where it has none.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import unicodedata
@@ -205,13 +209,13 @@ def ngram_hashes(
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
-def number_precision(train: str, item: str) -> float:
+def number_precision(train: str, item: str) -> float | None:
     """Share of the training row's numbers (as a multiset) that also occur in the benchmark item: an edited or
-    truncated copy keeps its numbers; a problem that only shares boilerplate does not. 0.0 without numbers
-    (then only the text can decide)."""
+    truncated copy keeps its numbers; a problem that only shares boilerplate does not. None when the row or
+    the item has no number (then only the text can decide)."""
     mine, theirs = _NUMBER.findall(train), _NUMBER.findall(item)
-    if not mine:
-        return 0.0
+    if not mine or not theirs:
+        return None
     pool = Counter(theirs)
     return sum(min(count, pool[n]) for n, count in Counter(mine).items()) / len(mine)
 
@@ -236,7 +240,11 @@ NO_OVERLAP = Overlap(-1, 0, 0.0, False)
 
 
 class BenchmarkIndex:
-    def __init__(self, texts: list[str], n: int = 8, latex: bool = True, punctuation: bool = True) -> None:
+    def __init__(
+        self, texts: list[str], n: int = 8, latex: bool = True, punctuation: bool = True, contained: bool = False
+    ) -> None:
+        """`contained`: also find benchmark problems of 2 to n-1 words copied anywhere inside a row (each is
+        its own only k-gram: one more scan per such length), not only as the whole row."""
         self.n, self.latex, self.punctuation = n, latex, punctuation
         hashes, owners, _ = ngram_hashes(texts, n, latex, punctuation)
         self.hashes, self.owners = _distinct(hashes, owners)  # (n-gram, item) pairs, sorted by hash
@@ -245,8 +253,26 @@ class BenchmarkIndex:
         present[self.hashes >> np.uint64(64 - _FILTER_BITS)] = True
         self.present = np.packbits(present, bitorder="little")  # one bit per slot: 512 KB, stays in cache
         normal = [normalize(t, latex, punctuation) for t in texts]
+        self.words = [set(t.split()) for t in normal]
+        # rare words weigh more: a template shared by many problems ("the letters of the word") weighs little
+        frequency = Counter(w for words in self.words for w in words)
+        self.weight = {w: math.log((len(texts) + 1) / count) for w, count in frequency.items()}
         # Items shorter than n words, which no n-gram can see: matched by their whole normalised text.
         self.short = {t: i for i, t in enumerate(normal) if len(t.split()) < n and t}
+        self.contained: list[tuple[BenchmarkIndex, list[int]]] = []  # (index of the k-word items, their items)
+        for k in range(2, n) if contained else ():
+            items = [i for i, t in enumerate(normal) if len(t.split()) == k]
+            if items:
+                self.contained.append((BenchmarkIndex([texts[i] for i in items], k, latex, punctuation), items))
+
+    def word_coverage(self, train: str, item: int) -> float:
+        """The weighted share of item's distinct words that occur in the row (weights: each word's inverse
+        document frequency over the benchmark). A copy with a quarter of its words replaced keeps about three
+        quarters of them while its n-grams break (a 3-gram survives with 0.75^3); a problem of the same
+        template keeps the common words but not the rare ones that make it another problem."""
+        words = self.words[item]
+        present = words & set(normalize(train, self.latex, self.punctuation).split())
+        return sum(self.weight[w] for w in present) / max(1e-9, sum(self.weight[w] for w in words))
 
     def _shared_ngrams(self, texts: list[str], first: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
         """The shared n-grams of a chunk of rows (hashes (G,), rows + first (G,)), and the words per row."""
@@ -255,10 +281,14 @@ class BenchmarkIndex:
         )
         return (hashes, owners + first), words_per_row
 
-    def overlaps(self, texts: list[str], chunk_rows: int = 2048, threads: int = 2) -> list[Overlap]:
-        """Per row: the benchmark item with the highest coverage (then most shared n-grams, then lowest index).
-        Chunks keep the byte arrays in cache and memory bounded; the scan releases the GIL, so a second thread
-        scans one chunk while the first encodes the next."""
+    def overlaps(
+        self, texts: list[str], chunk_rows: int = 2048, threads: int = 2, rank: str = "coverage"
+    ) -> list[Overlap]:
+        """Per row: the benchmark item with the highest coverage (then most shared n-grams, then lowest index);
+        `rank="shared"`: with the most shared n-grams first (a long problem edited heavily can share more
+        n-grams with a row than a short item of similar words, at a lower coverage). Chunks keep the byte
+        arrays in cache and memory bounded; the scan releases the GIL, so a second thread scans one chunk
+        while the first encodes the next."""
         starts = range(0, len(texts), chunk_rows)
         with ThreadPoolExecutor(max(1, threads)) as pool:
             chunks = list(pool.map(lambda first: self._shared_ngrams(texts[first : first + chunk_rows], first), starts))
@@ -276,7 +306,7 @@ class BenchmarkIndex:
         rows, items = keys // items_total, keys % items_total
         coverage = shared / np.maximum(1, self.sizes[items])
         # Sorted by row, then coverage, shared count and lowest index: each row's best item comes last.
-        order = np.lexsort((-items, shared, coverage, rows))
+        order = np.lexsort((-items, shared, coverage, rows) if rank == "coverage" else (-items, coverage, shared, rows))
         best = order[np.append(rows[order][1:] != rows[order][:-1], True)] if len(order) else order
         exact = {}
         if self.short:  # rows shorter than n words may equal a short benchmark item
@@ -284,6 +314,10 @@ class BenchmarkIndex:
                 item = self.short.get(normalize(texts[row], self.latex, self.punctuation))
                 if item is not None:
                     exact[row] = item
+        for sub_index, sub_items in self.contained:  # a short item's only k-gram inside a row: its copy
+            for row, found in enumerate(sub_index.overlaps(texts, chunk_rows, threads)):
+                if found.shared and row not in exact:
+                    exact[row] = sub_items[found.item]
         out = [NO_OVERLAP] * len(texts)
         for row, item, count, cover in zip(
             rows[best].tolist(), items[best].tolist(), shared[best].tolist(), coverage[best].tolist(), strict=True
@@ -299,22 +333,77 @@ def flagged(
     overlap: Overlap,
     rule: str,
     threshold: float,
-    numbers: float = 0.0,
+    numbers: float | None = None,
     min_shared: int = 3,
     text_only_threshold: float = 0.5,
+    words: float = 0.0,
+    item_ngrams: int | None = None,
+    word_threshold: float = 0.7,
 ) -> bool:
-    """`any`: one shared n-gram. `coverage`: at least `threshold` of the item's n-grams (and `min_shared` of them)
-    with the row's numbers found in the item (`numbers` = number_precision), or `text_only_threshold` of the
-    item's n-grams whatever the numbers. A normalised exact match of a short item is always flagged."""
+    """`any`: one shared n-gram. `coverage`: at least `min_shared` of the item's n-grams (all of them for an item
+    with fewer), and then
+    - where row and item both have numbers (`numbers` = number_precision): the row's numbers found in the item
+      (>= 0.8) and half of its words, with `threshold` of the item's n-grams or a rewording (below), or
+      `text_only_threshold` of them with at least half of the numbers;
+    - where either has none: `text_only_threshold` of the item's n-grams, or a rewording.
+    A rewording: 0.6 x `threshold` of the item's n-grams and `word_threshold` of its distinct words (weighted:
+    `words` = BenchmarkIndex.word_coverage): a copy with a quarter of its words replaced or its sentences
+    reordered keeps its words while its 3-grams break.
+    A normalised exact match of a short item (or, with `contained`, its copy inside a row) is always flagged."""
     if overlap.exact:
         return True
     if rule == "any":
         return overlap.shared > 0
     if rule == "coverage":
-        if overlap.shared < min_shared:
+        if overlap.shared < min(min_shared, item_ngrams or min_shared):
             return False
-        return (overlap.coverage >= threshold and numbers >= 0.8) or overlap.coverage >= text_only_threshold
+        reworded = overlap.coverage >= 0.6 * threshold and words >= word_threshold  # words kept, n-grams broken
+        if numbers is not None:  # the numbers and half the words (runs of small numbers alone are no copy)
+            return (numbers >= 0.8 and words >= 0.5 and (overlap.coverage >= threshold or reworded)) or (
+                overlap.coverage >= text_only_threshold and numbers >= 0.5
+            )
+        return overlap.coverage >= text_only_threshold or reworded
     raise ValueError(f"unknown decontamination rule {rule!r} (any, coverage)")
+
+
+class Verdict(NamedTuple):
+    overlap: Overlap  # the benchmark item the row overlaps most
+    numbers: float | None  # number_precision against that item
+    words: float  # weighted share of that item's words in the row (computed where the rule needs it, else 0.0)
+    flagged: bool
+
+
+def verdicts(
+    index: BenchmarkIndex,
+    texts: list[str],
+    items: list[str],
+    rule: str,
+    threshold: float = 0.25,
+    min_shared: int = 3,
+    text_only_threshold: float = 0.5,
+    word_threshold: float = 0.7,
+) -> list[Verdict]:
+    """Each row against the benchmark `index` was built from (`items`, its texts), by `rule` (see `flagged`):
+    the item of highest coverage, and (coverage rule) the one sharing the most n-grams where that differs."""
+    by_coverage = index.overlaps(texts)
+    by_shared = index.overlaps(texts, rank="shared") if rule == "coverage" else by_coverage
+    out = []
+    for text, first, second in zip(texts, by_coverage, by_shared, strict=True):
+        verdict = None
+        for o in (first, second) if second.item != first.item else (first,):
+            if o.item < 0:
+                verdict = Verdict(o, None, 0.0, flagged(o, rule, threshold))
+                continue
+            numbers = number_precision(text, items[o.item])
+            words = index.word_coverage(text, o.item) if rule == "coverage" and o.coverage >= 0.5 * threshold else 0.0
+            size = int(index.sizes[o.item])
+            flag = flagged(o, rule, threshold, numbers, min_shared, text_only_threshold, words, size, word_threshold)
+            if verdict is None or flag:
+                verdict = Verdict(o, numbers, words, flag)
+            if flag:
+                break
+        out.append(verdict)
+    return out
 
 
 def openr1_flags(train: list[str], benchmark: list[str], n: int = 8) -> list[bool]:

@@ -20,6 +20,7 @@ AIME = [
         "sides avoid the grid's center point entirely.",
         "answer": "017",
     },
+    {"id": 62, "problem": "Simplify $\\sqrt{242}$.", "answer": "11\\sqrt{2}"},  # one 3-gram: a short problem
 ]
 
 
@@ -31,6 +32,12 @@ def test_decontaminate_outputs_are_consistent(tmp_path: Path) -> None:
             "id": "edited",
             "question": AIME[1]["problem"].replace("entirely", "completely").replace("exactly", "precisely"),
             "answer": "17",
+            "data_source": "t",
+        },
+        {
+            "id": "short-inside",
+            "question": "Warm-up first. Simplify $\\sqrt{242}$. Then explain each step.",
+            "answer": "11\\sqrt{2}",
             "data_source": "t",
         },
         {
@@ -61,15 +68,14 @@ def test_decontaminate_outputs_are_consistent(tmp_path: Path) -> None:
         read_jsonl(tmp_path / "out" / "clean.jsonl"),
         read_jsonl(tmp_path / "out" / "removed.jsonl"),
     )
-    assert sorted(r["id"] for r in removed) == ["copy", "edited"]
+    assert sorted(r["id"] for r in removed) == ["copy", "edited", "short-inside"]
     assert sorted(r["id"] for r in clean) == ["boiler", "clean"]
     assert {r["id"] for r in clean} | {r["id"] for r in removed} == {r["id"] for r in train}  # every row accounted for
-    assert (
-        removed[0]["benchmark"] == "aime24" and removed[0]["item_id"] in ("60", "61") and removed[0]["coverage"] > 0.25
-    )
+    assert removed[0]["benchmark"] == "aime24" and removed[0]["item_id"] in ("60", "61", "62")
+    assert removed[0]["coverage"] > 0.25
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert (report["rows"], report["kept"], report["removed"]) == (4, 2, 2)
-    assert report["benchmarks"]["aime24"]["flagged_rows"] == 2
+    assert (report["rows"], report["kept"], report["removed"]) == (5, 2, 3)
+    assert report["benchmarks"]["aime24"]["flagged_rows"] == 3
     assert "aime24" in proc.stdout
     bad = run_retool("decontaminate", f"decontam.input={source}", "decontam.benchmarks=[nope]", cwd=tmp_path)
     assert bad.returncode == 1 and "unknown benchmark 'nope'" in bad.stdout + bad.stderr

@@ -12,6 +12,7 @@ from retool_cli.data.decontam import (
     normalize,
     number_precision,
     openr1_flags,
+    verdicts,
 )
 
 BENCH = [
@@ -66,8 +67,8 @@ def test_numbers_decide_between_boilerplate_and_copies() -> None:
     index = BenchmarkIndex(BENCH, n=3)
     [b, e] = index.overlaps([boilerplate, edited])
     assert b.item == 1 and b.shared >= 3  # shares the boilerplate phrase...
-    assert number_precision(boilerplate, BENCH[1]) == 0.0  # ...but none of its numbers
-    assert not flagged(b, "coverage", 0.25, number_precision(boilerplate, BENCH[b.item]))
+    assert number_precision(boilerplate, BENCH[1]) is None  # ...the item has no numbers to share...
+    assert not flagged(b, "coverage", 0.25, None, words=index.word_coverage(boilerplate, 1))  # ...nor its words
     assert e.item == 0 and number_precision(edited, BENCH[0]) == 1.0
     assert flagged(e, "coverage", 0.25, number_precision(edited, BENCH[e.item]))
     # open-r1's rule flags the boilerplate row: one shared 8-gram is enough
@@ -122,3 +123,78 @@ def test_any_rule_matches_openr1_on_unicode_and_long_words() -> None:
     ]
     ours = [o.shared > 0 for o in BenchmarkIndex(bench, 8, latex=False, punctuation=False).overlaps(rows, chunk_rows=2)]
     assert ours == openr1_flags(rows, bench) == [True, True, False, True, False]
+
+
+# ------------------------------------------------------------------ heavier rewording, short copies, clean rows
+# Problems in the style of the benchmarks (written here), edited as contaminated rows are: a quarter of the words
+# replaced by filler (numbers kept), sentences reordered, both; short problems copied verbatim.
+ITEMS = [
+    "Four distinct circles are drawn in a plane. What is the maximum number of points where at least two of the "
+    "circles intersect?",  # no numbers: the words decide
+    "Paul and Jesse each choose a number at random from the first six primes. What is the probability that the "
+    "sum of the numbers they choose is even?",
+    "A rectangular box has volume 216 and surface area 240. The sum of the lengths of its twelve edges is 84. "
+    "Find the length of the longest diagonal of the box.",
+    "Determine the number of ways to arrange the letters of the word ELLIPSE.",
+    "Simplify $\\sqrt{242}$.",  # 3 words: one 3-gram, fewer than min_shared
+    "Evaluate $\\log_264$.",  # 2 words: no 3-gram at all
+    "Compute $\\dbinom{31}{28}$.",
+]
+QUARTER_REPLACED = [
+    "Four the circles are given in a plane. What is a maximum number of points such at least two of each "
+    "circles intersect?",  # 5 of 21 words replaced
+    "Paul and Jesse each choose the number at random from the first six primes. What is the value that the sum "
+    "of the numbers they let is given?",
+    "A rectangular box has volume 216 and the area 240. The sum of a lengths of its twelve edges is 84. Find "
+    "the length of the longest value of the each.",
+]
+REORDERED = [
+    "What is the maximum number of points where at least two of the circles intersect? Four distinct circles "
+    "are drawn in a plane.",
+    "Find the length of the longest diagonal of the box. The sum of the lengths of its twelve edges is 84. A "
+    "rectangular box has volume 216 and surface area 240.",
+]
+SHORT_COPIES = [
+    "Simplify $\\sqrt{242}$.",
+    "Please solve: Simplify $\\sqrt{242}$. Show your steps.",
+    "Evaluate $\\log_264$.",
+    "Here is one: Evaluate $\\log_264$ and explain.",
+    "Compute $\\dbinom{31}{28}$.",
+]
+CLEAN = [
+    "How many ways are there to arrange the letters of the word BANANA in which the three A's are not adjacent?",
+    "Evaluate the following expression: 0 + 1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + ... + 2000, where the terms with "
+    "minus signs are exactly the powers of two.",
+    "Two distinct lines are drawn in a plane. What is the probability that a random point is closer to the first?",
+    "A box holds 12 red and 9 blue balls. What is the probability that two balls drawn at random are both red?",
+    "Simplify $\\sqrt{243}$ and give the answer in simplest radical form.",
+]
+
+
+def coverage_flags(rows: list[str]) -> list[bool]:
+    return [v.flagged for v in verdicts(BenchmarkIndex(ITEMS, 3, contained=True), rows, ITEMS, "coverage")]
+
+
+def test_a_quarter_of_the_words_replaced_is_caught_with_or_without_numbers() -> None:
+    assert coverage_flags(QUARTER_REPLACED) == [True, True, True]
+    index = BenchmarkIndex(ITEMS, 3)
+    first = index.overlaps(QUARTER_REPLACED[:1])[0]
+    assert first.item == 0 and first.coverage < 0.5  # its 3-grams broke: the words (no numbers) caught it
+    assert index.word_coverage(QUARTER_REPLACED[0], 0) >= 0.7
+
+
+def test_reordered_sentences_are_caught() -> None:
+    assert coverage_flags(REORDERED) == [True, True]
+
+
+def test_short_problems_copied_verbatim_alone_or_inside_a_row() -> None:
+    assert coverage_flags(SHORT_COPIES) == [True] * len(SHORT_COPIES)
+    # without `contained`, a 2-word problem is seen only as a whole row
+    plain = BenchmarkIndex(ITEMS, 3).overlaps(SHORT_COPIES[2:4])
+    assert plain[0].exact and not plain[1].exact
+
+
+def test_clean_rows_of_the_same_style_stay() -> None:
+    """A sibling of a template problem (another word to arrange), a run of small numbers, a shared opening,
+    a near-identical short problem with another number: none is a copy."""
+    assert coverage_flags(CLEAN) == [False] * len(CLEAN)
