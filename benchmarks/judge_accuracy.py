@@ -13,19 +13,10 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
+from retool_cli.env.judge import plain_math_verify
 from retool_cli.env.reward import Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def math_verify(gold: str, pred: str, as_math: bool) -> bool:
-    from math_verify import parse, verify
-
-    wrap = (lambda s: f"${s}$") if as_math else (lambda s: s)
-    try:
-        return bool(verify(parse(wrap(gold)), parse(wrap(pred))))
-    except Exception:
-        return False
 
 
 def main() -> None:
@@ -42,8 +33,8 @@ def main() -> None:
         suite_ours = verifier.verify_many([(r["gold"], r["pred"]) for r in suite])
     judges = {
         "ours": ours,
-        "plain math-verify": [math_verify(r["gold"], r["pred"], False) for r in rows],
-        "math-verify `$...$`": [math_verify(r["gold"], r["pred"], True) for r in rows],
+        "plain math-verify": [plain_math_verify(r["gold"], r["pred"], False) for r in rows],
+        "math-verify `$...$`": [plain_math_verify(r["gold"], r["pred"], True) for r in rows],
     }
     table: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for i, row in enumerate(rows):
@@ -60,7 +51,7 @@ def main() -> None:
     ]:
         print(f"| {category} | {counts['pairs']} | " + " | ".join(str(counts[name]) for name in judges) + " |")
     agree = sum(v.equivalent is r["expected"] for v, r in zip(suite_ours, suite, strict=True))
-    plain = sum(math_verify(r["gold"], r["pred"], False) is r["expected"] for r in suite)
+    plain = sum(plain_math_verify(r["gold"], r["pred"], False) is r["expected"] for r in suite)
     print(f"\nmath-verify's suite: ours {agree}/{len(suite)}, plain math-verify {plain}/{len(suite)}")
 
 

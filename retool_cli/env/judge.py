@@ -296,6 +296,18 @@ def judge(gold: str, pred: str) -> bool:
     return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)
 
 
+def plain_math_verify(gold: str, pred: str, as_math: bool = False) -> bool:
+    """The peer the judge is measured against: `verify(parse(gold), parse(pred))` with math-verify's defaults,
+    reading the answers as they are or (`as_math`) inside `$...$`; an exception is a False verdict."""
+    from math_verify import parse, verify
+
+    wrap = (lambda s: f"${s}$") if as_math else (lambda s: s)
+    try:
+        return bool(verify(parse(wrap(gold)), parse(wrap(pred))))
+    except Exception:
+        return False
+
+
 # ------------------------------------------------------------------ the worker process
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sympy
 
-from retool_cli.env.judge import candidate_count, hedged, is_text, read_answer
+from retool_cli.env.judge import candidate_count, hedged, is_text, plain_math_verify, read_answer
 from retool_cli.env.reward import Verifier
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -93,17 +93,6 @@ def test_every_labelled_pair_is_judged_right(verifier: Verifier) -> None:
     assert not any(v.timed_out for v in verdicts)
 
 
-def _math_verify(gold: str, pred: str, as_math: bool) -> bool:
-    """Plain math-verify, reading the answers as they are or inside $...$ (both of its readings)."""
-    from math_verify import parse, verify
-
-    wrap = (lambda s: f"${s}$") if as_math else (lambda s: s)
-    try:
-        return bool(verify(parse(wrap(gold)), parse(wrap(pred))))
-    except Exception:
-        return False
-
-
 def test_never_wrong_where_math_verify_is_right(verifier: Verifier) -> None:
     """On every labelled pair and math-verify's own suite: where either reading of math-verify gives the right
     verdict, ours gives it too."""
@@ -115,7 +104,7 @@ def test_never_wrong_where_math_verify_is_right(verifier: Verifier) -> None:
     wrong = [
         (gold, pred, label)
         for (gold, pred, label), mine in zip(rows, ours, strict=True)
-        if mine is not label and any(_math_verify(gold, pred, as_math) is label for as_math in (False, True))
+        if mine is not label and any(plain_math_verify(gold, pred, as_math) is label for as_math in (False, True))
     ]
     assert not wrong
 
