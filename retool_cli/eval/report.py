@@ -2,6 +2,7 @@
 
     results.json of each run --run_row--> one row per run (its seed, training seed, step, accuracy)
       --group_rows: same setting and step--> one result per (setting, step) with its spread over seeds
+      --paired_comparisons: each result against the one before it, problem by problem (samples.jsonl)
 
 A setting is everything an eval measures except the seeds (results.json's `setting`: the eval config and the
 checkpoint's training config, both without their seed), so the runs of `retool train -m seed=1,2,3` evaluated
@@ -12,6 +13,7 @@ samples per problem would move it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -20,7 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from retool_cli.errors import DataError
-from retool_cli.files import atomic_open, write_json
+from retool_cli.eval.metrics import paired_difference
+from retool_cli.files import atomic_open, read_jsonl_log, write_json
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,45 @@ def group_rows(rows: list[dict]) -> list[dict]:
     return results
 
 
+def problem_accuracy(folder: str) -> dict[str, float]:
+    """Per problem: the share of right samples in a run's samples.jsonl ({} when it has none)."""
+    totals: dict[str, list[int]] = {}
+    for row in read_jsonl_log(Path(folder) / "samples.jsonl"):
+        totals.setdefault(str(row["problem_id"]), []).append(int(bool(row.get("correct"))))
+    return {problem: sum(v) / len(v) for problem, v in totals.items()}
+
+
+def paired_comparisons(groups: list[dict]) -> list[dict]:
+    """Each result against the one before it on the same benchmark (the order of the folders given: SFT then RL),
+    paired over the problems both sampled (a setting's seeds averaged per problem): B - A with its paired
+    standard error, paired bootstrap interval and sign-flip p-value of "no difference" (eval/metrics.py)."""
+    by_problem = []
+    for g in groups:
+        runs = [problem_accuracy(folder) for folder in g["runs"]]
+        common = set.intersection(*(set(r) for r in runs)) if runs else set()
+        by_problem.append({p: sum(r[p] for r in runs) / len(runs) for p in sorted(common)})
+    out = []
+    for (ga, a), (gb, b) in itertools.pairwise(zip(groups, by_problem, strict=True)):
+        if ga["benchmark"] != gb["benchmark"] or not set(a) & set(b):
+            continue
+        d = paired_difference(a, b)
+        out.append(
+            {
+                "a": ga["label"],
+                "a_step": ga["step"],
+                "b": gb["label"],
+                "b_step": gb["step"],
+                "benchmark": ga["benchmark"],
+                "problems": d.problems,
+                "difference": d.mean,
+                "se_paired": d.se,
+                "ci95_paired_bootstrap": list(d.ci95),
+                "p_value": d.p_value,
+            }
+        )
+    return out
+
+
 def _seed(row: dict) -> int | None:
     """The seed that tells a sweep's runs apart: the training seed of the checkpoint, else the eval seed."""
     return row["training_seed"] if row["training_seed"] is not None else row["seed"]
@@ -116,7 +158,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-def markdown(rows: list[dict], groups: list[dict]) -> str:
+def markdown(rows: list[dict], groups: list[dict], pairs: list[dict]) -> str:
     lines = [
         "## Results (mean over seeds)",
         "",
@@ -128,6 +170,20 @@ def markdown(rows: list[dict], groups: list[dict]) -> str:
             f"| {g['label']} | {_or_dash(g['step'])} | {g['benchmark']} | {g['n_seeds']} | {_pct(g['mean'])} "
             f"| {_pct(g['std_seeds'])} | {_pct(g['se_seeds'])} | {_pct(g['se_sampling'])} |"
         )
+    if pairs:
+        lines += [
+            "",
+            "## Paired comparisons (B - A over the problems both sampled)",
+            "",
+            "| A | B | problems | B - A | ± se (paired) | 95% CI (paired bootstrap) | p (no difference) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for c in pairs:
+            low, high = c["ci95_paired_bootstrap"]
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['problems']} | {_pct(c['difference'])} | {_pct(c['se_paired'])} "
+                f"| [{_pct(low)}, {_pct(high)}] | {c['p_value']:.2g} |"
+            )
     lines += [
         "",
         "## Runs",
@@ -205,12 +261,13 @@ def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
 def write_report(folders: list[Path], out: Path | None = None) -> Path:
     rows = [run_row(results) for results in collect(folders)]
     groups = group_rows(rows)
+    pairs = paired_comparisons(groups)
     out = out or folders[0]
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(rows, groups)
+    text = markdown(rows, groups, pairs)
     with atomic_open(out / "report.md") as handle:
         handle.write(text)
-    write_json(out / "report.json", {"results": groups, "runs": rows})
+    write_json(out / "report.json", {"results": groups, "paired_comparisons": pairs, "runs": rows})
     plot(rows, groups, out / "report.png")
     print(text)
     print(f"wrote {out / 'report.md'}, {out / 'report.json'} and {out / 'report.png'}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.errors import DataError
+from retool_cli.eval.metrics import paired_difference
 from retool_cli.files import atomic_open
 from retool_cli.report import analysis
 from retool_cli.report.runs import bounded, find_runs, index_trajectories, load_rows, read_run, trajectory_file, trim
@@ -116,7 +117,9 @@ def _comparison(
             trim(dict(load_rows(files[run["id"]], [pick])[0], run=run["id"]), max_chars)
             for pick, run in zip(picks, (a, b), strict=True)
         ]
-    return {"a": a["id"], "b": b["id"], "rows": rows, "pairs": pairs}
+    d = paired_difference({r["problem_id"]: r["acc_a"] for r in rows}, {r["problem_id"]: r["acc_b"] for r in rows})
+    paired = {"difference": d.mean, "se": d.se, "ci95": list(d.ci95), "p_value": d.p_value, "problems": d.problems}
+    return {"a": a["id"], "b": b["id"], "rows": rows, "pairs": pairs, "paired": paired}
 
 
 def _page(runs: list[dict], data: dict, paths: list[Path]) -> str:

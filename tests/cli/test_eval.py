@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from retool_cli.eval.metrics import paired_difference
 from tests.helpers import SMALL_TRAIN, die_after, read_jsonl, run_retool, write_jsonl
 
 SMALL = [
@@ -162,3 +165,25 @@ def test_the_documented_seed_sweep_ends_with_a_result_over_seeds(tmp_path: Path)
     [result] = report["results"]
     assert sorted(result["seeds"]) == [1, 2] and result["step"] == 2 and result["label"].endswith("seed_*")
     assert sorted(r["training_seed"] for r in report["runs"]) == [1, 2]
+
+
+def test_eval_report_compares_two_settings_problem_by_problem(tmp_path: Path) -> None:
+    """Two settings on the same problems (here: two sampling temperatures): eval-report gives B - A paired over
+    the problems, as eval/metrics.py computes it from the two runs' samples."""
+    for name, temperature in (("a", 1.0), ("b", 0.3)):
+        args = [*SMALL, "benchmark.max_problems=4", f"benchmark.temperature={temperature}", f"hydra.run.dir={name}"]
+        run_retool("eval", *args, cwd=tmp_path, check=True)
+    proc = run_retool("eval-report", "a", "b", "--out", "cmp", cwd=tmp_path, check=True)
+    report = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    [pair] = report["paired_comparisons"]
+    accuracy = {}
+    for name in ("a", "b"):
+        rows = read_jsonl(tmp_path / name / "samples.jsonl")
+        accuracy[name] = {
+            p: sum(r["correct"] for r in rows if r["problem_id"] == p) / sum(r["problem_id"] == p for r in rows)
+            for p in {r["problem_id"] for r in rows}
+        }
+    expected = paired_difference(accuracy["a"], accuracy["b"])
+    assert pair["problems"] == 4 and pair["difference"] == pytest.approx(expected.mean)
+    assert pair["se_paired"] == pytest.approx(expected.se) and pair["p_value"] == expected.p_value
+    assert "Paired comparisons" in (tmp_path / "cmp" / "report.md").read_text() and "Paired comparisons" in proc.stdout

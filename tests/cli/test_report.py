@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from retool_cli.eval.metrics import paired_difference
 from tests.browser import open_browser, requested_urls, require_browser
 from tests.helpers import SMALL_TRAIN, read_jsonl, run_retool
 
@@ -81,6 +82,13 @@ def test_one_self_contained_file_with_every_run(runs: Path) -> None:
             mine = [s["correct"] for s in rows if s["problem_id"] == row["problem_id"]]
             assert row[side] == sum(mine) / len(mine)
         assert (row["flip"] == "same") == ((row["acc_a"] >= 0.5) == (row["acc_b"] >= 0.5))
+    # the difference, paired over the six problems: as eval/metrics.py computes it from those accuracies
+    by_problem = {side: {r["problem_id"]: r[side] for r in comparison["rows"]} for side in ("acc_a", "acc_b")}
+    expected = paired_difference(by_problem["acc_a"], by_problem["acc_b"])
+    paired = comparison["paired"]
+    assert paired["problems"] == 6 and paired["difference"] == pytest.approx(expected.mean)
+    assert paired["se"] == pytest.approx(expected.se) and paired["p_value"] == expected.p_value
+    assert paired["ci95"] == pytest.approx(list(expected.ci95))
     # training curves per seed and their mean
     assert text.count("(mean of 2 seeds)") >= 5
 
@@ -172,6 +180,9 @@ def test_in_a_browser_offline_with_filters_that_agree_with_the_data(runs: Path, 
             r"wrong -> right on (\d+), right -> wrong on (\d+)", driver.find_element(By.ID, "comparison-view").text
         )
         assert len(flips) == 6 == int(summary.group(1)) + int(summary.group(2))
+        paired = data["comparison"]["paired"]  # every verdict flipped: the paired difference is drawn as computed
+        drawn = driver.find_element(By.CSS_SELECTOR, "#comparison-view p.paired").text
+        assert drawn.startswith(f"B - A = {100 * paired['difference']:.1f} points over 6 problems, paired")
         problem = flips[0].text.split()[0]
         flips[0].click()
         side = driver.find_elements(By.CSS_SELECTOR, "#side-by-side .trajectory")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, pass_at_k
+from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, paired_difference, pass_at_k, sign_flip_p_value
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,34 @@ def test_resolve_checkpoint_and_step(tmp_path) -> None:
     assert training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20 and training_step("gpt2") is None
     with pytest.raises(ConfigError, match="neither a checkpoint"):
         resolve_checkpoint(str(tmp_path))
+
+
+def test_paired_difference_by_hand() -> None:
+    a = {"p1": 0.0, "p2": 0.5, "p3": 1.0, "only_a": 1.0}
+    b = {"p1": 1.0, "p2": 0.5, "p3": 1.0, "only_b": 0.0}
+    d = paired_difference(a, b)
+    assert d.problems == 3 and d.mean == pytest.approx(1 / 3)  # differences 1, 0, 0 over the common problems
+    assert d.se == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))  # sample std of (1, 0, 0) / sqrt(3)
+    assert d.ci95[0] <= d.mean <= d.ci95[1] and d.p_value == 1.0  # one non-zero difference: either sign as large
+    assert paired_difference(a, b) == d  # seeded: the same numbers every time
+    with pytest.raises(ValueError, match="share no problem"):
+        paired_difference({"x": 1.0}, {"y": 1.0})
+
+
+def test_sign_flip_p_value_exact_and_drawn() -> None:
+    assert sign_flip_p_value([0.5, 0.5, 0.5, 0.5]) == 2 / 16  # only all-plus and all-minus reach |2|
+    assert sign_flip_p_value([0.0, 0.0]) == 1.0 and sign_flip_p_value([1.0, -1.0]) == 1.0
+    assert sign_flip_p_value([0.25] * 100) == pytest.approx(1 / 10001)  # drawn: no draw reaches it but the data
+    balanced = [0.5, -0.5] * 50
+    assert sign_flip_p_value(balanced) > 0.9
+
+
+def test_pairing_removes_the_problems_spread() -> None:
+    """Problems of very different difficulty, B one point better on each: the unpaired errors are large, the
+    paired one is zero and the difference is certain."""
+    a = {f"p{i}": i / 40 for i in range(40)}
+    b = {p: v + 0.01 for p, v in a.items()}
+    d = paired_difference(a, b)
+    unpaired = math.hypot(avg_at_k([[True] * i + [False] * (40 - i) for i in range(40)]).se_problems, 0)
+    assert d.mean == pytest.approx(0.01) and d.se == pytest.approx(0.0, abs=1e-12) and unpaired > 0.04
+    assert d.ci95 == pytest.approx((0.01, 0.01)) and d.p_value < 1e-3

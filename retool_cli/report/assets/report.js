@@ -181,6 +181,13 @@ function setUpComparison() {
       `B ${mean("acc_b").toFixed(1)}%; majority verdict wrong -> right on ${gained}, right -> wrong on ${lost}. ` +
       "Click a flipped problem to see one trajectory of each side by side."),
   );
+  const d = c.paired;
+  const pts = (x) => (100 * x).toFixed(1);
+  view.append(
+    el("p", "paired", `B - A = ${pts(d.difference)} points over ${d.problems} problems, paired: standard error ` +
+      `${pts(d.se)}, 95% bootstrap interval [${pts(d.ci95[0])}, ${pts(d.ci95[1])}] (problems resampled together), ` +
+      `p = ${d.p_value.toPrecision(2)} for "no difference" (sign-flip test).`),
+  );
   const table = el("table", "data");
   table.id = "flip-table";
   const header = el("tr");
