@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke smoke-vllm vllm-cpu test lint system-deps browser-deps clean
+.PHONY: smoke smoke-controls smoke-vllm vllm-cpu test lint system-deps browser-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
@@ -20,6 +20,22 @@ smoke: $(VENV)/.installed
 	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
 	$(BIN)/retool report $(SMOKE)/prepare $(SMOKE)/sft $(SMOKE)/train $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
+
+# Controls beside the smoke run, from its SFT checkpoint (run `make smoke` first): RL with shuffled rewards (each
+# trajectory's reward another's of its batch: the link to correctness cut) and RL without the interpreter
+# (protocol=none), each evaluated as the real run is; then each compared with the SFT checkpoint, paired by problem.
+smoke-controls: $(VENV)/.installed
+	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft reward.control=shuffled trainer.resume=never hydra.run.dir=$(SMOKE)/train_shuffled
+	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_shuffled eval.resume=false \
+	  hydra.run.dir=$(SMOKE)/eval_shuffled
+	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft protocol=none trainer.resume=never hydra.run.dir=$(SMOKE)/train_text
+	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_text protocol=none eval.resume=false \
+	  hydra.run.dir=$(SMOKE)/eval_text
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)/controls/rl
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_shuffled --out $(SMOKE)/controls/shuffled
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_text --out $(SMOKE)/controls/text
 
 # The same pipeline with vLLM's CPU build sampling the RL rollouts and both evaluations.
 smoke-vllm: $(VENV)/.vllm-cpu

@@ -406,6 +406,13 @@ class RewardFunction(enum.Enum):
     dapo_strict = "dapo_strict"  # verl's DAPO strict-box exact-string rule (for parity experiments)
 
 
+class RewardControl(enum.Enum):
+    """A control run: is the gain from the reward's link to correctness? (rl/algorithms.py:shuffled_rewards)"""
+
+    none = "none"  # train on each trajectory's own reward
+    shuffled = "shuffled"  # each trajectory's reward replaced by another's of the same batch (distribution kept)
+
+
 @dataclass
 class RewardConfig:
     """The reward of a trajectory (retool_cli/env/reward.py); eval uses the same judge."""
@@ -418,6 +425,9 @@ class RewardConfig:
     overlong_buffer_tokens: int = 0  # DAPO soft overlong penalty over the last N tokens (0 = off)
     overlong_penalty_factor: float = 1.0  # the penalty at the full length
     max_response_tokens: int = II("rollout.max_response_tokens")  # where the overlong penalty is full
+    # train: none | shuffled (a control: the rewards of each rollout round permuted before the advantages, so their
+    # distribution stays and their link to correctness goes; the logged accuracy is still the real one)
+    control: RewardControl = RewardControl.none
 
     def __post_init__(self) -> None:
         _check(self.answer_window_chars > 0, "reward.answer_window_chars", "must be > 0")

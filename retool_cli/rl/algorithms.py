@@ -35,6 +35,15 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: 
     return advantages
 
 
+def shuffled_rewards(rewards: torch.Tensor, seed: int) -> torch.Tensor:
+    """The shuffled-reward control (`reward.control=shuffled`): the batch's rewards (N,) permuted with a seeded
+    generator. The reward distribution, hence the advantages' scale and the share of all-equal groups in
+    expectation, is kept; which trajectory earns which reward no longer depends on correctness. A policy that
+    improves under it learns from something other than the reward (a placebo for "RL teaches the task")."""
+    generator = torch.Generator().manual_seed(seed)
+    return rewards[torch.randperm(len(rewards), generator=generator)]
+
+
 def degenerate_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """(N,) True where the trajectory's group has identical rewards: zero advantage, no gradient
     (DAPO's dynamic sampling drops these groups and samples more)."""

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RolloutConfig, TrainerConfig
+from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RewardControl, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import Verifier, reward_metrics, score_batch
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
-from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss
+from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss, shuffled_rewards
 from retool_cli.rl.batch import Batch
 from retool_cli.rl.distributed import (
     all_reduce_gradients,
@@ -88,7 +88,10 @@ def collect(
         started = time.perf_counter()
         scores = score_batch([x.response() for x in got], plan.reward, verifier)
         metrics = {**metrics, "rollout/reward_s": time.perf_counter() - started}  # the judge's time
-        rounds.append(rollout_batch(got, torch.tensor([s.reward for s in scores]), scores, metrics))
+        rewards = torch.tensor([s.reward for s in scores])  # (N,)
+        if plan.reward.control is RewardControl.shuffled:  # a control run: the rewards' link to correctness cut
+            rewards = shuffled_rewards(rewards, seed)
+        rounds.append(rollout_batch(got, rewards, scores, metrics))
         if not t.dynamic_sampling:
             break
         so_far = Batch.concat(rounds)

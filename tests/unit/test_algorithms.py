@@ -13,6 +13,7 @@ from retool_cli.rl.algorithms import (
     group_advantages,
     kl_penalty,
     policy_loss,
+    shuffled_rewards,
     token_logprobs,
 )
 
@@ -136,3 +137,11 @@ def test_parity_with_trl(trl_type: str, ours: str) -> None:
     assert torch.allclose(adv, trl_advantages(rewards, 8), atol=1e-6)
     loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=ours, max_tokens=12)
     assert loss.item() == pytest.approx(trl_loss(logp, old, adv, mask, 0.2, 0.28, trl_type, 12).item(), rel=1e-6)
+
+
+def test_shuffled_rewards_is_a_seeded_permutation() -> None:
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.5, -1.0, 1.0, -1.0])
+    shuffled = shuffled_rewards(rewards, seed=3)
+    assert sorted(shuffled.tolist()) == sorted(rewards.tolist()) and not torch.equal(shuffled, rewards)
+    assert torch.equal(shuffled_rewards(rewards, seed=3), shuffled)  # the same seed, the same permutation
+    assert not torch.equal(shuffled_rewards(rewards, seed=4), shuffled)

@@ -144,3 +144,36 @@ def test_rollout_metrics_of_several_rounds_merge() -> None:
     assert merged["rollout/generate_s"] == 8.0
     assert merged["rollout/gen_tokens_per_s"] == pytest.approx((200 + 300) / 8)
     assert merged["rollout/turns"] == pytest.approx((8 * 1 + 24 * 2) / 32)
+
+
+def test_shuffled_reward_control_keeps_the_rewards_and_cuts_their_link(tokenizer) -> None:
+    """reward.control=shuffled: the same rollouts and the same logged accuracy, the rewards the update trains on
+    a permutation of the real ones (seeded, the same in a rerun), no longer each trajectory's own."""
+    from retool_cli.config import RewardControl
+
+    examples = [MathExample(f"q{i}", f"What is {i} + 1?", str(i + 1), "test") for i in range(8)]
+
+    def collected(control: RewardControl):
+        calls = itertools.count()
+
+        def script(context: str, turn: int) -> str:  # right on every third sample: groups of mixed rewards
+            question = int(context.split("What is ")[1].split(" ")[0])
+            return f"\\boxed{{{question + 1 if next(calls) % 3 == 0 else question}}}" + EOS
+
+        cfg = config(dynamic=False)
+        cfg.trainer.questions_per_step = 4
+        cfg.reward.control = control
+        with Verifier(timeout_s=5, workers=1) as verifier:
+            engine, protocol = ScriptedEngine(tokenizer, script), build_protocol(cfg.protocol, tokenizer)
+            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, engine, protocol, None, verifier)
+        return batch
+
+    real, control = collected(RewardControl.none), collected(RewardControl.shuffled)
+    again = collected(RewardControl.shuffled)
+    own = [s.reward for s in real.objects["score"]]
+    assert real.tensors["reward"].tolist() == own  # the real run trains on each trajectory's own reward
+    assert [s.reward for s in control.objects["score"]] == own  # same rollouts, same judged accuracy...
+    assert sorted(control.tensors["reward"].tolist()) == sorted(own)  # ...the same rewards...
+    assert control.tensors["reward"].tolist() != own  # ...given to other trajectories
+    assert step_metrics(control, {})["train/accuracy"] == step_metrics(real, {})["train/accuracy"]
+    assert torch.equal(again.tensors["reward"], control.tensors["reward"])  # seeded
