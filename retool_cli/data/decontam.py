@@ -281,19 +281,23 @@ class BenchmarkIndex:
         )
         return (hashes, owners + first), words_per_row
 
-    def overlaps(
-        self, texts: list[str], chunk_rows: int = 2048, threads: int = 2, rank: str = "coverage"
-    ) -> list[Overlap]:
-        """Per row: the benchmark item with the highest coverage (then most shared n-grams, then lowest index);
-        `rank="shared"`: with the most shared n-grams first (a long problem edited heavily can share more
-        n-grams with a row than a short item of similar words, at a lower coverage). Chunks keep the byte
-        arrays in cache and memory bounded; the scan releases the GIL, so a second thread scans one chunk
-        while the first encodes the next."""
+    def overlaps(self, texts: list[str], chunk_rows: int = 2048, threads: int = 2) -> list[Overlap]:
+        """Per row: the benchmark item with the highest coverage (then most shared n-grams, then lowest index).
+        Chunks keep the byte arrays in cache and memory bounded; the scan releases the GIL, so a second thread
+        scans one chunk while the first encodes the next."""
+        return self.ranked(texts, chunk_rows, threads)[0]
+
+    def ranked(
+        self, texts: list[str], chunk_rows: int = 2048, threads: int = 2, ranks: tuple[str, ...] = ("coverage",)
+    ) -> list[list[Overlap]]:
+        """`overlaps` for each ranking of one scan: "coverage" (as `overlaps`) or "shared" (the most shared
+        n-grams first: a long problem edited heavily can share more n-grams with a row than a short item of
+        similar words, at a lower coverage). A row holding a short item (exact, or contained) names that item."""
         starts = range(0, len(texts), chunk_rows)
         with ThreadPoolExecutor(max(1, threads)) as pool:
             chunks = list(pool.map(lambda first: self._shared_ngrams(texts[first : first + chunk_rows], first), starts))
         if not chunks:
-            return []
+            return [[] for _ in ranks]
         # Distinct (shared n-gram, row) pairs: a row that repeats an n-gram counts it once.
         hashes, owners = _distinct(np.concatenate([c[0][0] for c in chunks]), np.concatenate([c[0][1] for c in chunks]))
         words_per_row = [c[1] for c in chunks]
@@ -305,12 +309,28 @@ class BenchmarkIndex:
         keys, shared = np.unique(np.repeat(owners, width) * items_total + self.owners[at], return_counts=True)
         rows, items = keys // items_total, keys % items_total
         coverage = shared / np.maximum(1, self.sizes[items])
-        # Sorted by row, then coverage, shared count and lowest index: each row's best item comes last.
-        order = np.lexsort((-items, shared, coverage, rows) if rank == "coverage" else (-items, coverage, shared, rows))
-        best = order[np.append(rows[order][1:] != rows[order][:-1], True)] if len(order) else order
+        exact = self._short_copies(texts, np.concatenate(words_per_row), chunk_rows, threads)
+        out = []
+        for rank in ranks:
+            # Sorted by row, then the ranking's keys and lowest index: each row's best item comes last.
+            sort_keys = (-items, shared, coverage, rows) if rank == "coverage" else (-items, coverage, shared, rows)
+            order = np.lexsort(sort_keys)
+            best = order[np.append(rows[order][1:] != rows[order][:-1], True)] if len(order) else order
+            found = [NO_OVERLAP] * len(texts)
+            for row, item, count, cover in zip(
+                rows[best].tolist(), items[best].tolist(), shared[best].tolist(), coverage[best].tolist(), strict=True
+            ):
+                found[row] = Overlap(item, count, cover, False)
+            for row, item in exact.items():
+                found[row] = Overlap(item, found[row].shared if found[row].item == item else 0, 1.0, True)
+            out.append(found)
+        return out
+
+    def _short_copies(self, texts: list[str], words_per_row: np.ndarray, chunk_rows: int, threads: int) -> dict:
+        """row -> item for rows equal to a benchmark item shorter than n words, or (`contained`) holding one."""
         exact = {}
         if self.short:  # rows shorter than n words may equal a short benchmark item
-            for row in np.flatnonzero(np.concatenate(words_per_row) < self.n).tolist():
+            for row in np.flatnonzero(words_per_row < self.n).tolist():
                 item = self.short.get(normalize(texts[row], self.latex, self.punctuation))
                 if item is not None:
                     exact[row] = item
@@ -318,15 +338,7 @@ class BenchmarkIndex:
             for row, found in enumerate(sub_index.overlaps(texts, chunk_rows, threads)):
                 if found.shared and row not in exact:
                     exact[row] = sub_items[found.item]
-        out = [NO_OVERLAP] * len(texts)
-        for row, item, count, cover in zip(
-            rows[best].tolist(), items[best].tolist(), shared[best].tolist(), coverage[best].tolist(), strict=True
-        ):
-            out[row] = Overlap(item, count, cover, row in exact)
-        for row, item in exact.items():
-            if out[row] is NO_OVERLAP:
-                out[row] = Overlap(item, 0, 1.0, True)
-        return out
+        return exact
 
 
 def flagged(
@@ -385,8 +397,9 @@ def verdicts(
 ) -> list[Verdict]:
     """Each row against the benchmark `index` was built from (`items`, its texts), by `rule` (see `flagged`):
     the item of highest coverage, and (coverage rule) the one sharing the most n-grams where that differs."""
-    by_coverage = index.overlaps(texts)
-    by_shared = index.overlaps(texts, rank="shared") if rule == "coverage" else by_coverage
+    ranks = ("coverage", "shared") if rule == "coverage" else ("coverage",)
+    found = index.ranked(texts, ranks=ranks)  # one scan, one or two rankings
+    by_coverage, by_shared = found[0], found[-1]
     out = []
     for text, first, second in zip(texts, by_coverage, by_shared, strict=True):
         verdict = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import random
 import re
 from collections.abc import Iterable
@@ -37,8 +36,6 @@ from retool_cli.data.dataset import MathExample, read_hub_rows, read_local_rows
 from retool_cli.env.protocol import cap_tokens, neutralize, parse_tagged_call, tool_call
 from retool_cli.errors import DataError
 from retool_cli.interfaces import ToolProtocol
-
-log = logging.getLogger(__name__)
 
 # ReTool-SFT's user message: its instructions, the question after this line, then a reminder of the answer format
 RETOOL_QUESTION_MARK, RETOOL_REMINDER = "*user question:*", "Remember to place the final answer"
