@@ -9,15 +9,17 @@ BIN := $(VENV)/bin
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
 # (open $(SMOKE)/report.html in a browser: curves, results, the SFT/RL comparison, every trajectory).
+# SEED=S runs seed S (its own data split, SFT and RL), e.g. `make smoke smoke-controls SEED=1 SMOKE=outputs/smoke_seed1`.
 SMOKE ?= outputs/smoke
 ROLLOUT ?= hf
+SEED ?= 0
 smoke: $(VENV)/.installed
-	$(BIN)/retool prepare recipe=dapo_smoke hydra.run.dir=$(SMOKE)/prepare
-	$(BIN)/retool sft recipe=dapo_smoke trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=never hydra.run.dir=$(SMOKE)/sft
-	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	$(BIN)/retool prepare recipe=dapo_smoke seed=$(SEED) hydra.run.dir=$(SMOKE)/prepare
+	$(BIN)/retool sft recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=never hydra.run.dir=$(SMOKE)/sft
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft trainer.resume=never hydra.run.dir=$(SMOKE)/train
-	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
-	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
 	$(BIN)/retool report $(SMOKE)/prepare $(SMOKE)/sft $(SMOKE)/train $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
 
@@ -25,13 +27,13 @@ smoke: $(VENV)/.installed
 # trajectory's reward another's of its batch: the link to correctness cut) and RL without the interpreter
 # (protocol=none), each evaluated as the real run is; then each compared with the SFT checkpoint, paired by problem.
 smoke-controls: $(VENV)/.installed
-	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft reward.control=shuffled trainer.resume=never hydra.run.dir=$(SMOKE)/train_shuffled
-	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_shuffled eval.resume=false \
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_shuffled eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_shuffled
-	$(BIN)/retool train recipe=dapo_smoke rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft protocol=none trainer.resume=never hydra.run.dir=$(SMOKE)/train_text
-	$(BIN)/retool eval recipe=dapo_smoke rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_text protocol=none eval.resume=false \
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_text protocol=none eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_text
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)/controls/rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_shuffled --out $(SMOKE)/controls/shuffled

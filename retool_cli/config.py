@@ -95,12 +95,11 @@ class ModelConfig:
     # prompt + response budget of one trajectory (vLLM's max_model_len); None = rollout.max_prompt_tokens + the
     # largest response budget the command samples with (rollout's in train, the benchmark's in eval)
     max_context_tokens: int | None = None
-    # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
-    # Checkpoints hold the merged weights (from_pretrained / vLLM load them) and the adapter (for resume).
     # the hand-written fast paths for Llama-family decoders: the hf engine's KV-cache decode loop (prepacked
     # GEMMs and numba kernels on CPU, few large ops on CUDA; rollout/kv_decoder.py) and the training forward that
-    # computes each GRPO prompt once (rl/prefix_sharing.py). Off: transformers' own forward everywhere (the
-    # plain path the fast ones are checked against). The smoke recipe turns it on.
+    # computes each GRPO prompt once (rl/prefix_sharing.py; in `sft`, the traces' common system turn once and the
+    # LM head only at the model's tokens). Off: transformers' own forward everywhere (the plain path the fast ones
+    # are checked against). The smoke recipe turns it on.
     accelerate: bool = False
     # a transformers tokenizer class to load the tokenizer with instead of the one its files name (None: AutoTokenizer);
     # PreTrainedTokenizerFast reads tokenizer.json as it is (a fix the tokenizer check at load suggests)
@@ -108,6 +107,8 @@ class ModelConfig:
     # a Jinja chat template file used instead of the tokenizer's own (e.g. Qwen3-Coder's XML tool calls, or a
     # template for a tokenizer without one); None = the tokenizer's
     chat_template: str | None = None
+    # LoRA (needs the `lora` extra, peft): train low-rank adapters instead of all weights (sft and train).
+    # Checkpoints hold the merged weights (from_pretrained / vLLM load them) and the adapter (for resume).
     lora_rank: int = 0  # 0 = off (full fine-tuning)
     lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora_rank
     lora_dropout: float = 0.0  # dropout on the adapters' input

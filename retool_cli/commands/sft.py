@@ -20,7 +20,7 @@ from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
-from retool_cli.rl.optim import build_optimizer, build_scheduler, micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.rl.optim import build_optimizer, build_scheduler, counted_token_logprobs, micro_batches
 from retool_cli.runs import config_key
 from retool_cli.runtime import run_folder, training_precision
 
@@ -54,12 +54,17 @@ def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int
     loss_sum = 0.0
     for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
         chosen = [batch[i] for i in group]
-        ids = [t.input_ids for t in chosen]
-        logp, _, _ = sequence_logprobs(model, ids, pad_id, device, bf16_autocast=config.trainer.bf16_autocast)
-        mask = response_mask_matrix(
-            [len(t.prompt_ids) for t in chosen], [t.response_mask for t in chosen], logp.shape[1], device
-        )  # (B, T)
-        loss = -(logp * mask).sum() / tokens  # the mean over the whole batch's model tokens
+        logp = counted_token_logprobs(
+            model,
+            [t.input_ids for t in chosen],
+            [len(t.prompt_ids) for t in chosen],
+            [t.response_mask for t in chosen],
+            pad_id,
+            device,
+            bf16_autocast=config.trainer.bf16_autocast,
+            shared_prefix=config.model.accelerate,
+        )  # (N,): the micro-batch's model tokens
+        loss = -logp.sum() / tokens  # the mean over the whole batch's model tokens
         loss.backward()
         loss_sum += loss.item()
     return loss_sum

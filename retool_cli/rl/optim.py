@@ -119,6 +119,51 @@ def _grouped_logprobs(
     return logp, entropy_per_token
 
 
+def counted_token_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    loss_starts: list[int],
+    loss_masks: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    bf16_autocast: bool = False,
+    shared_prefix: bool = False,
+) -> torch.Tensor:
+    """log p of the tokens a loss counts, flattened (N,), N = the masks' sum: token `loss_starts[i] + j` of
+    sequence i counts where `loss_masks[i][j]` (SFT's model tokens). With `shared_prefix` (model.accelerate) and
+    a model prefix_sharing runs, the batch's common prefix (the system turn of every trace) runs once and the LM
+    head and log-softmax run only at the counted tokens; otherwise the plain forward over whole sequences."""
+    if not (shared_prefix and prefix_sharing.usable(model)):
+        logp, _, _ = sequence_logprobs(model, sequences, pad_id, device, bf16_autocast=bf16_autocast)
+        return logp[response_mask_matrix(loss_starts, loss_masks, logp.shape[1], device).bool()]
+    shared = _common_prefix_length(sequences, limit=min(loss_starts))
+    rows, columns, targets = [], [], []
+    for i, (seq, start, mask) in enumerate(zip(sequences, loss_starts, loss_masks, strict=True)):
+        for j, counted in enumerate(mask):
+            if counted:  # token start + j, predicted at response position start + j - shared
+                rows.append(i)
+                columns.append(start + j - shared)
+                targets.append(seq[start + j])
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        hidden = prefix_sharing.response_hidden(
+            model, [s[:shared] for s in sequences], [s[shared:] for s in sequences], pad_id, device
+        )  # (B, R, C)
+        logits = base.lm_head(hidden[torch.tensor(rows, device=device), torch.tensor(columns, device=device)])  # (N, V)
+    logp, _ = token_logprobs(logits[None], torch.tensor(targets, device=device)[None])  # (1, N)
+    return logp[0]
+
+
+def _common_prefix_length(sequences: list[list[int]], limit: int) -> int:
+    """Length of the prefix all sequences share, at least 1 (then the first tokens may differ: one prompt each)
+    and at most `limit` (the first counted token must be predicted from inside the shared part or after it)."""
+    first = sequences[0]
+    n = 0
+    while n < limit and all(len(s) > n and s[n] == first[n] for s in sequences):
+        n += 1
+    return max(1, n)
+
+
 def response_mask_matrix(
     prompt_lens: list[int], response_masks: list[list[int]], width: int, device: torch.device
 ) -> torch.Tensor:

@@ -34,6 +34,14 @@ def response_logits(
     """Logits predicting each response token (B, R, V), R the longest response; row b's positions past its
     length are padding."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.lm_head(response_hidden(model, prompts, responses, pad_id, device))
+
+
+def response_hidden(
+    model: Any, prompts: list[list[int]], responses: list[list[int]], pad_id: int, device: torch.device
+) -> torch.Tensor:
+    """The final hidden states (normed, before the LM head) that predict each response token (B, R, C)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     inner = base.model
     unique: dict[tuple[int, ...], int] = {}
     group = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts], device=device)  # (B,)
@@ -70,7 +78,7 @@ def response_logits(
         hidden_r = hidden_r + layer.mlp(layer.post_attention_layernorm(hidden_r))
     # The first response token is predicted at the prompt's last position (left padding puts it last).
     last = torch.cat([hidden_p[:, -1].index_select(0, group)[:, None], hidden_r[:, :-1]], dim=1)  # (B, R, C)
-    return base.lm_head(inner.norm(last))
+    return inner.norm(last)
 
 
 def _projected(attn: Any, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:

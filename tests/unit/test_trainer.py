@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from retool_cli.model.tiny import tiny_model_path
-from retool_cli.rl.optim import micro_batches, sequence_logprobs
+from retool_cli.rl.optim import counted_token_logprobs, micro_batches, sequence_logprobs
 
 
 def test_bf16_autocast_logprobs_close_to_fp32_and_gradients_stay_fp32() -> None:
@@ -156,6 +156,50 @@ def test_shared_prefix_pass_equals_the_plain_pass(kind: str) -> None:
     assert all((logp[i, : start - 1] == 0).all() for i, start in enumerate(prompt_lens))
     plain_logp, _, _ = sequence_logprobs(model, sequences, 95, torch.device("cpu"), prompt_lens=prompt_lens)
     assert all((plain_logp[i, : start - 1] != 0).any() for i, start in enumerate(prompt_lens))  # opt-in only
+
+
+def _sft_traces(seed: int, shared_start: bool) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """Traces as SFT sees them: a system turn all share (or first tokens that differ), a prompt of its own,
+    then a response whose mask has holes (tool output the model did not write)."""
+    generator = torch.Generator().manual_seed(seed)
+    system = [7, 7, 30, 31, 2, 40] if shared_start else []
+    sequences, starts, masks = [], [], []
+    for _ in range(5):
+        prompt = (
+            system
+            + torch.randint(0, 90, (int(torch.randint(1, 6, (1,), generator=generator)),), generator=generator).tolist()
+        )
+        response = torch.randint(0, 90, (int(torch.randint(2, 14, (1,), generator=generator)),), generator=generator)
+        mask = [int(j < 2 or j % 4 != 1) for j in range(len(response))]
+        sequences.append(prompt + response.tolist())
+        starts.append(len(prompt))
+        masks.append(mask)
+    return sequences, starts, masks
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("shared_start", [True, False])
+def test_counted_token_logprobs_fast_path_equals_the_plain_pass(kind: str, shared_start: bool) -> None:
+    """SFT's fast path (the common prefix once, the LM head only at counted tokens) gives the plain forward's
+    logprobs of exactly the counted tokens, and the same gradients."""
+    from tests.unit.test_hf_engine import tiny_model
+
+    model = tiny_model(kind).train()
+    sequences, starts, masks = _sft_traces(3, shared_start)
+    results = []
+    for fast in (False, True):
+        model.zero_grad()
+        logp = counted_token_logprobs(model, sequences, starts, masks, 95, torch.device("cpu"), shared_prefix=fast)
+        (-logp.sum()).backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain, plain_grads), (fast, fast_grads) = results
+    assert plain.shape == (sum(map(sum, masks)),) and torch.allclose(plain, fast, atol=1e-5)
+    assert plain_grads.keys() == fast_grads.keys() and len(plain_grads) == len(list(model.parameters()))
+    for name, grad in plain_grads.items():
+        assert torch.allclose(grad, fast_grads[name], atol=1e-4, rtol=1e-4), name
+    # and they are the logprobs of the counted tokens: token 0 of the first response, read from the full pass
+    full, _, _ = sequence_logprobs(model, sequences, 95, torch.device("cpu"))
+    assert torch.allclose(fast[0], full[0, starts[0] - 1], atol=1e-5)
 
 
 def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
