@@ -1,8 +1,14 @@
-"""retool prepare: a data source -> train.jsonl, dev.jsonl and manifest.json in the run folder."""
+"""retool prepare: a data source -> train.jsonl, dev.jsonl and manifest.json in the run folder.
+
+All three are written complete into a staging folder first (`.prepare-staging`), then renamed into the run folder,
+the manifest last, and the staging folder removed: a crash while writing leaves none of them in place. A crash
+in the instant between the renames leaves the staging folder behind; every reader of a problems file refuses a
+file beside one (data.dataset.load_jsonl) and the next `prepare` into the folder starts over."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -12,7 +18,8 @@ from rich.table import Table
 
 from retool_cli import __version__
 from retool_cli.config import RetoolConfig
-from retool_cli.data.dataset import PrepareStats, prepare_dataset
+from retool_cli.data.dataset import STAGING_FOLDER, PrepareStats, prepare_dataset
+from retool_cli.faults import die_if_due
 from retool_cli.files import sha256_file, write_json, write_jsonl
 
 log = logging.getLogger(__name__)
@@ -22,13 +29,13 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     data = config.data
     log.info("preparing %s (source=%s) into %s", data.name, data.source.value, run_dir)
     started = time.perf_counter()
+    staging = run_dir / STAGING_FOLDER
+    shutil.rmtree(staging, ignore_errors=True)  # an earlier prepare into this folder that did not finish
     train, dev, stats = prepare_dataset(data, config.seed)
-
-    # Write each file to a temporary name, rename only when all are complete: a crash leaves
-    # either every output or none.
     outputs = {"train.jsonl": train, "dev.jsonl": dev}
-    for name, examples in outputs.items():
-        write_jsonl(run_dir / name, [e.to_dict() for e in examples])
+    for written, (name, examples) in enumerate(outputs.items(), start=1):
+        write_jsonl(staging / name, [e.to_dict() for e in examples])
+        die_if_due("file", written)  # the all-or-none test's fault injection (RETOOL_DIE_AFTER=file:N)
     manifest = {
         "retool_version": __version__,
         "source": data.source.value,
@@ -46,11 +53,15 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             "dropped": dict(stats.dropped),
             "repaired": dict(stats.repaired),
         },
-        "files": {name: {"rows": len(ex), "sha256": sha256_file(run_dir / name)} for name, ex in outputs.items()},
+        "files": {name: {"rows": len(ex), "sha256": sha256_file(staging / name)} for name, ex in outputs.items()},
         "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    write_json(run_dir / "manifest.json", manifest)
+    write_json(staging / "manifest.json", manifest)
+    for placed, name in enumerate([*outputs, "manifest.json"], start=1):
+        (staging / name).replace(run_dir / name)
+        die_if_due("placed", placed)
+    staging.rmdir()
     _print_summary(data.name, stats, run_dir)
 
 

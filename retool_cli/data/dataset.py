@@ -48,6 +48,9 @@ _FIELDS = ("id", "question", "answer", "data_source")
 # --------------------------------------------------------------------------- MathExample JSONL
 
 
+STAGING_FOLDER = ".prepare-staging"  # where `retool prepare` writes its outputs before it moves them into place
+
+
 def load_examples(path: str, key: str) -> list[MathExample]:
     """The examples of a MathExample JSONL named by the config key `key`; an empty file is an error (a run on
     no problems would train or measure nothing and still exit 0)."""
@@ -58,10 +61,16 @@ def load_examples(path: str, key: str) -> list[MathExample]:
 
 
 def load_jsonl(path: str | Path) -> list[MathExample]:
-    """Load MathExample rows strictly: any malformed line, missing/empty field or repeated id raises."""
+    """Load MathExample rows strictly: any malformed line, missing/empty field or repeated id raises, and so does
+    a file of a `retool prepare` that did not finish (its staging folder beside it)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if (path.parent / STAGING_FOLDER).is_dir():
+        raise DataError(
+            f"{path}: a `retool prepare` into {path.parent} did not finish (its {STAGING_FOLDER} folder is there), "
+            "so this file may not match the others; run that prepare again"
+        )
     examples: list[MathExample] = []
     first_line_of: dict[str, int] = {}
     with open(path, encoding="utf-8") as handle:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from retool_cli.files import sha256_file
-from tests.helpers import read_jsonl, run_retool, write_jsonl
+from tests.helpers import die_after, read_jsonl, run_retool, write_jsonl
 
 
 def only_run_dir(root: Path) -> Path:
@@ -34,6 +34,41 @@ def test_prepare_smoke_recipe(tmp_path: Path) -> None:
     assert not {r["id"] for r in train} & {r["id"] for r in dev}
     assert set(train[0]) == {"id", "question", "answer", "data_source", "solution_code"}
     assert "train.jsonl" in proc.stdout and "1800" in proc.stdout  # the summary table
+
+
+OUTPUTS = ("train.jsonl", "dev.jsonl", "manifest.json")
+
+
+def test_prepare_killed_while_writing_leaves_no_output_and_a_rerun_writes_all(tmp_path: Path) -> None:
+    """SIGKILL after each staged file: none of the outputs in the run folder (not even a previous run's mixed
+    with new ones); the rerun writes all three and leaves no staging folder."""
+    args = ["prepare", "recipe=dapo_smoke", "data.synthetic.num_examples=60", "data.dev_size=10", "hydra.run.dir=out"]
+    for written in (1, 2):
+        die_after(args, tmp_path, f"file:{written}")
+        assert not [name for name in OUTPUTS if (tmp_path / "out" / name).exists()]
+    run_retool(*args, cwd=tmp_path, check=True)
+    out = tmp_path / "out"
+    assert all((out / name).is_file() for name in OUTPUTS) and not (out / ".prepare-staging").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["dev.jsonl"]["sha256"] == sha256_file(out / "dev.jsonl")
+
+
+def test_prepare_killed_between_renames_is_refused_by_readers_until_rerun(tmp_path: Path) -> None:
+    """Killed after moving train.jsonl into place, before dev.jsonl: a command reading that train.jsonl refuses
+    it (naming the file and the unfinished prepare) instead of training on a split whose dev half is missing;
+    the rerun makes the folder whole and the same file is read."""
+    args = ["prepare", "recipe=dapo_smoke", "data.synthetic.num_examples=60", "data.dev_size=10", "hydra.run.dir=out"]
+    die_after(args, tmp_path, "placed:1")
+    out = tmp_path / "out"
+    assert (out / "train.jsonl").is_file() and not (out / "dev.jsonl").exists()
+    sft = ["sft", "recipe=dapo_smoke", "sft.steps=1", "trainer.train_file=out/train.jsonl", "hydra.run.dir=sft"]
+    proc = run_retool(*sft, cwd=tmp_path)
+    message = " ".join((proc.stdout + proc.stderr).split())  # the error, unwrapped
+    assert proc.returncode != 0 and "out/train.jsonl" in message and "did not finish" in message
+    assert not (tmp_path / "sft" / "checkpoints").exists()
+    run_retool(*args, cwd=tmp_path, check=True)
+    assert all((out / name).is_file() for name in OUTPUTS) and not (out / ".prepare-staging").exists()
+    run_retool(*sft, cwd=tmp_path, check=True)
 
 
 def test_prepare_is_deterministic_per_seed(tmp_path: Path) -> None:
