@@ -26,7 +26,7 @@ def _check(condition: bool, key: str, message: str) -> None:
 
 
 class DataSource(enum.Enum):
-    synthetic = "synthetic"  # built-in offline generator (retool_cli/synthetic.py)
+    synthetic = "synthetic"  # built-in offline generator (retool_cli/data/synthetic.py)
     dapo_math_17k = "dapo_math_17k"  # BytedTsinghua-SIA/DAPO-Math-17k layout (prompt messages + reward_model)
     aime24 = "aime24"  # HuggingFaceH4/aime_2024
     aime25 = "aime25"  # yentinglin/aime_2025
@@ -490,7 +490,7 @@ class EvalConfig:
 
 @dataclass
 class DecontamConfig:
-    """`retool decontaminate`: drop training rows that overlap evaluation benchmarks (retool_cli/decontam.py)."""
+    """`retool decontaminate`: drop training rows that overlap evaluation benchmarks (retool_cli/data/decontam.py)."""
 
     input: str | None = None  # a MathExample JSONL to clean; None = the train split of the `data` section
     benchmarks: list[str] = field(default_factory=lambda: ["aime24", "aime25", "math500"])  # conf/benchmark options

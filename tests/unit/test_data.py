@@ -1,4 +1,4 @@
-"""data.py: strict loading, template stripping, cleaning, dedupe, splits, batches, source readers."""
+"""data/dataset.py: strict loading, template stripping, cleaning, dedupe, splits, batches, source readers."""
 
 from __future__ import annotations
 

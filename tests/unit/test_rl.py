@@ -1,4 +1,5 @@
-"""rl.py: the step's Batch envelope, DAPO dynamic sampling over several rounds, and the update on it."""
+"""rl/step.py and rl/batch.py: the step's Batch envelope, DAPO dynamic sampling over several rounds, and the
+update on it."""
 
 from __future__ import annotations
 

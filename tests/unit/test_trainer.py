@@ -1,4 +1,5 @@
-"""trainer.py: mixed precision (bf16 autocast over fp32 weights) and micro-batching."""
+"""rl/optim.py and rl/prefix_sharing.py: mixed precision (bf16 autocast over fp32 weights), micro-batching, the
+shared-prefix passes (RL and SFT) against the plain pass, LoRA."""
 
 from __future__ import annotations
 
