@@ -8,7 +8,7 @@ and weights (LoRA adapters included), the same logits to float rounding: tested 
 values and gradients. The idea is that of shared-prefix GRPO training (Prefix Grouper, arXiv 2506.05433).
 
 Llama-family decoders only (kv_decoder.supports); not under FSDP2, whose hooks wrap whole decoder layers, nor
-with gradient checkpointing. `rl/optim.py:sequence_logprobs` and `counted_token_logprobs` decide when to use it.
+with gradient checkpointing. `rl/logprobs.py:sequence_logprobs` and `counted_token_logprobs` decide when to use it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from retool_cli.rl.distributed import (
     is_sharded,
     world,
 )
-from retool_cli.rl.optim import micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.rl.logprobs import micro_batches, response_mask_matrix, sequence_logprobs
 from retool_cli.rollout.agent import Trajectory, run_rollouts, sample_row
 
 

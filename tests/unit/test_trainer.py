@@ -1,4 +1,4 @@
-"""rl/optim.py and rl/prefix_sharing.py: mixed precision (bf16 autocast over fp32 weights), micro-batching, the
+"""rl/logprobs.py and rl/prefix_sharing.py: mixed precision (bf16 autocast over fp32 weights), micro-batching, the
 shared-prefix passes (RL and SFT) against the plain pass, LoRA."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from retool_cli.model.tiny import tiny_model_path
-from retool_cli.rl.optim import counted_token_logprobs, micro_batches, sequence_logprobs
+from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches, sequence_logprobs
 
 
 def test_bf16_autocast_logprobs_close_to_fp32_and_gradients_stay_fp32() -> None:

@@ -19,7 +19,7 @@ from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import ConfigError
 from retool_cli.model.loading import apply_lora, merged_state_dict
 from retool_cli.model.tiny import tiny_model_path
-from retool_cli.rl.optim import sequence_logprobs
+from retool_cli.rl.logprobs import sequence_logprobs
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine, Sampling
 from retool_cli.rollout.vllm_engine import VLLMEngine

@@ -1,0 +1,157 @@
+"""Per-token log-probabilities of batches of sequences, the forward passes SFT and RL train through:
+token-budget micro-batches, the plain pass over right-padded sequences, and the fast passes of model.accelerate
+(each GRPO prompt once; for SFT the traces' common prefix once and the LM head only at the counted tokens;
+prefix_sharing.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from retool_cli.rl import prefix_sharing
+from retool_cli.rl.algorithms import token_logprobs
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices so that (longest in group) x (group size) stays within the budget; sorting by
+    length first keeps the padding small."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def sequence_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    temperature: float = 1.0,
+    bf16_autocast: bool = False,
+    entropy: str = "off",
+    prompt_lens: list[int] | None = None,
+    shared_prefix: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
+    policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
+    With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
+    is always taken in fp32. With `shared_prefix` (model.accelerate), `prompt_lens` and sequences that repeat a
+    prompt (GRPO groups), each prompt runs once (prefix_sharing) and only positions predicting response tokens
+    are filled (0 elsewhere)."""
+    ids = pad_right(sequences, pad_id, device)  # (B, L)
+    attention = pad_right([[1] * len(s) for s in sequences], 0, device)
+    if (
+        shared_prefix
+        and prompt_lens is not None
+        and prefix_sharing.usable(model)
+        and _repeats_a_prompt(sequences, prompt_lens)
+    ):
+        logp, entropy_per_token = _grouped_logprobs(
+            model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
+        )
+        return logp, attention[:, 1:], entropy_per_token
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
+    logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
+    return logp, attention[:, 1:], entropy_per_token
+
+
+def _repeats_a_prompt(sequences: list[list[int]], prompt_lens: list[int]) -> bool:
+    return len({tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}) < len(sequences)
+
+
+def _grouped_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    prompt_lens: list[int],
+    pad_id: int,
+    device: torch.device,
+    temperature: float,
+    bf16_autocast: bool,
+    entropy: str,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` through prefix_sharing: response positions filled, in the same (B, width) layout."""
+    prompts = [s[:n] for s, n in zip(sequences, prompt_lens, strict=True)]
+    responses = [s[n:] for s, n in zip(sequences, prompt_lens, strict=True)]
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = prefix_sharing.response_logits(model, prompts, responses, pad_id, device)  # (B, R, V)
+    targets = pad_right(responses, pad_id, device)  # (B, R)
+    logp, entropy_per_token = token_logprobs(logits, targets, temperature, entropy)  # (B, R)
+    # Response token j of row b sits at sequence index n_b + j, so it is predicted at position n_b - 1 + j.
+    starts = torch.tensor(prompt_lens, device=device)[:, None] - 1
+    offset = torch.arange(width, device=device)[None] - starts  # (B, width): j at each position
+    inside = (offset >= 0) & (offset < torch.tensor([len(r) for r in responses], device=device)[:, None])
+    index = offset.clamp(0, targets.shape[1] - 1)
+    logp = logp.gather(1, index) * inside
+    if entropy_per_token is not None:
+        entropy_per_token = entropy_per_token.gather(1, index) * inside
+    return logp, entropy_per_token
+
+
+def counted_token_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    loss_starts: list[int],
+    loss_masks: list[list[int]],
+    pad_id: int,
+    device: torch.device,
+    bf16_autocast: bool = False,
+    shared_prefix: bool = False,
+) -> torch.Tensor:
+    """log p of the tokens a loss counts, flattened (N,), N = the masks' sum: token `loss_starts[i] + j` of
+    sequence i counts where `loss_masks[i][j]` (SFT's model tokens). With `shared_prefix` (model.accelerate) and
+    a model prefix_sharing runs, the batch's common prefix (the system turn of every trace) runs once and the LM
+    head and log-softmax run only at the counted tokens; otherwise the plain forward over whole sequences."""
+    if not (shared_prefix and prefix_sharing.usable(model)):
+        logp, _, _ = sequence_logprobs(model, sequences, pad_id, device, bf16_autocast=bf16_autocast)
+        return logp[response_mask_matrix(loss_starts, loss_masks, logp.shape[1], device).bool()]
+    shared = _common_prefix_length(sequences, limit=min(loss_starts))
+    rows, columns, targets = [], [], []
+    for i, (seq, start, mask) in enumerate(zip(sequences, loss_starts, loss_masks, strict=True)):
+        for j, counted in enumerate(mask):
+            if counted:  # token start + j, predicted at response position start + j - shared
+                rows.append(i)
+                columns.append(start + j - shared)
+                targets.append(seq[start + j])
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        hidden = prefix_sharing.response_hidden(
+            model, [s[:shared] for s in sequences], [s[shared:] for s in sequences], pad_id, device
+        )  # (B, R, C)
+        logits = base.lm_head(hidden[torch.tensor(rows, device=device), torch.tensor(columns, device=device)])  # (N, V)
+    logp, _ = token_logprobs(logits[None], torch.tensor(targets, device=device)[None])  # (1, N)
+    return logp[0]
+
+
+def _common_prefix_length(sequences: list[list[int]], limit: int) -> int:
+    """Length of the prefix all sequences share, at least 1 (then the first tokens may differ: one prompt each)
+    and at most `limit` (the first counted token must be predicted from inside the shared part or after it)."""
+    first = sequences[0]
+    n = 0
+    while n < limit and all(len(s) > n and s[n] == first[n] for s in sequences):
+        n += 1
+    return max(1, n)
+
+
+def response_mask_matrix(
+    prompt_lens: list[int], response_masks: list[list[int]], width: int, device: torch.device
+) -> torch.Tensor:
+    """(B, width) mask aligned with `sequence_logprobs`: position t predicts token t+1."""
+    out = torch.zeros((len(prompt_lens), width), dtype=torch.float32)
+    for i, (start, mask) in enumerate(zip(prompt_lens, response_masks, strict=True)):
+        out[i, start - 1 : start - 1 + len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return out.to(device)
