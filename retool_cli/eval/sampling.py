@@ -24,6 +24,7 @@ from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, p
 from retool_cli.faults import die_if_due
 from retool_cli.files import append_jsonl, read_jsonl_log
 from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
+from retool_cli.rl.checkpoints import latest_checkpoint
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts, sample_row
 
 log = logging.getLogger(__name__)
@@ -45,16 +46,16 @@ def load_benchmark(cfg: RetoolConfig) -> tuple[list[MathExample], str | None]:
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint folder as is; a training run folder -> its latest checkpoints/step_N."""
+    """A checkpoint folder as is; a training run folder -> its latest complete checkpoints/step_N."""
     folder = Path(path)
     if (folder / "config.json").exists():
         return folder
-    steps = sorted((folder / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[-1]))
-    if not steps:
+    latest = latest_checkpoint(folder)
+    if latest is None:
         raise ConfigError(
-            f"ckpt={path}: neither a checkpoint (no config.json) nor a run folder with checkpoints/step_*"
+            f"ckpt={path}: neither a checkpoint (no config.json) nor a run folder with a complete checkpoints/step_*"
         )
-    return steps[-1]
+    return latest
 
 
 def training_step(path: str | None) -> int | None:

@@ -67,8 +67,10 @@ def save_checkpoint(
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's latest complete checkpoint (checkpoints/step_N with its model and trainer state), or None. What
+    `sft`/`train` resume from and what `ckpt=RUN_FOLDER` evaluates."""
     steps = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    complete = [p for p in steps if (p / "trainer_state.pt").exists()]
+    complete = [p for p in steps if (p / "trainer_state.pt").exists() and (p / "config.json").exists()]
     return complete[-1] if complete else None
 
 

@@ -63,12 +63,16 @@ def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> Non
 def test_resolve_checkpoint_and_step(tmp_path) -> None:
     from retool_cli.errors import ConfigError
     from retool_cli.eval.sampling import resolve_checkpoint, training_step
+    from retool_cli.rl.checkpoints import latest_checkpoint
 
-    for step in (5, 100, 20):
+    for step in (5, 100, 20, 200):
         folder = tmp_path / "run" / "checkpoints" / f"step_{step}"
         folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
-    assert resolve_checkpoint(str(tmp_path / "run")).name == "step_100"  # the latest, not the last listed
+        if step != 200:  # step_200 lacks its trainer state: not a complete checkpoint (resume skips it too)
+            (folder / "trainer_state.pt").write_bytes(b"")
+    assert resolve_checkpoint(str(tmp_path / "run")).name == "step_100"  # the latest complete, not the last listed
+    assert latest_checkpoint(tmp_path / "run") == resolve_checkpoint(str(tmp_path / "run"))  # one definition
     assert resolve_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_5")).name == "step_5"
     assert training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20 and training_step("gpt2") is None
     with pytest.raises(ConfigError, match="neither a checkpoint"):
