@@ -71,7 +71,7 @@ def main() -> None:
         raw = sum(fake_run(root / f"eval_{i}", args.problems, args.samples, i) for i in range(2))
         before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         started = time.perf_counter()
-        html = write_report([root / "eval_0", root / "eval_1"], root / "report")
+        html, _ = write_report([root / "eval_0", root / "eval_1"], root / "report")
         build_s = time.perf_counter() - started
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the browser (another process)
         driver = open_browser()

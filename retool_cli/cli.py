@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -212,13 +212,8 @@ def filter_merge(
 ) -> None:
     """Join the shards of `retool filter-pass-rate -m shard.index=...` into one filtered file."""
     from retool_cli.commands.filter_pass_rate import merge
-    from retool_cli.errors import RetoolError
 
-    try:
-        merge(shards, out, low, high)
-    except RetoolError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    _run_or_exit(merge, shards, out, low, high)
 
 
 @app.command(**_HYDRA_COMMAND)
@@ -255,14 +250,9 @@ def eval_report(
     ] = None,
 ) -> None:
     """Compare eval runs (e.g. the jobs of `retool eval -m ckpt=A,B,C`): a markdown table and a plot."""
-    from retool_cli.errors import RetoolError
-    from retool_cli.eval.report import write_report
+    from retool_cli.commands import eval_report as command
 
-    try:
-        write_report(runs, out)
-    except RetoolError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    _run_or_exit(command.run, runs, out)
 
 
 @app.command("report")
@@ -281,22 +271,17 @@ def report(
     max_chars: Annotated[int, typer.Option(help="characters kept of each trajectory (cut in the middle)")] = 8000,
 ) -> None:
     """One self-contained report.html: provenance, curves, eval results, a trajectory browser, a comparison."""
-    from retool_cli.errors import RetoolError
-    from retool_cli.report.page import write_report
+    from retool_cli.commands import report as command
 
-    try:
-        if compare is not None and len(compare) != 2:
-            raise typer.BadParameter("give --compare twice: two eval run folders", param_hint="--compare")
-        if compare is not None and compare[0].resolve() == compare[1].resolve():
-            raise typer.BadParameter(f"{compare[0]} given twice: compare two different runs", param_hint="--compare")
-        if max_trajectories < 1:
-            raise typer.BadParameter(f"{max_trajectories}: must be >= 1", param_hint="--max-trajectories")
-        if max_chars < 1000:
-            raise typer.BadParameter(f"{max_chars}: must be >= 1000", param_hint="--max-chars")
-        write_report(runs, out or runs[0], tuple(compare) if compare else None, max_trajectories, max_chars)
-    except RetoolError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    if compare is not None and len(compare) != 2:
+        raise typer.BadParameter("give --compare twice: two eval run folders", param_hint="--compare")
+    if compare is not None and compare[0].resolve() == compare[1].resolve():
+        raise typer.BadParameter(f"{compare[0]} given twice: compare two different runs", param_hint="--compare")
+    if max_trajectories < 1:
+        raise typer.BadParameter(f"{max_trajectories}: must be >= 1", param_hint="--max-trajectories")
+    if max_chars < 1000:
+        raise typer.BadParameter(f"{max_chars}: must be >= 1000", param_hint="--max-chars")
+    _run_or_exit(command.run, runs, out, compare, max_trajectories, max_chars)
 
 
 @app.command("copy-recipe")
@@ -306,20 +291,20 @@ def copy_recipe(
     new_name: Annotated[str | None, typer.Option("--as", help="the copy's recipe name (default: NAME)")] = None,
 ) -> None:
     """Copy a shipped recipe out for editing; use it with `retool COMMAND --config-dir DIR recipe=NAME`."""
-    from retool_cli.compose import RECIPES_DIR
+    from retool_cli.commands import copy_recipe as command
 
-    source = RECIPES_DIR / f"{name}.yaml"
-    if not source.is_file():
-        available = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-        typer.echo(f"error: no recipe {name!r}; shipped recipes: {available}", err=True)
-        raise typer.Exit(1)
-    target = to / "recipe" / f"{new_name or name}.yaml"
-    if target.exists():
-        typer.echo(f"error: {target} exists; choose another --to or --as", err=True)
-        raise typer.Exit(1)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(source.read_text())
-    typer.echo(f"wrote {target}\nuse it: retool train --config-dir {to} recipe={new_name or name}")
+    _run_or_exit(command.run, name, to, new_name)
+
+
+def _run_or_exit(run: Callable, *args: Any) -> None:
+    """A command that is not a Hydra app: its errors (bad input) as one line on stderr and exit status 1."""
+    from retool_cli.errors import RetoolError
+
+    try:
+        run(*args)
+    except RetoolError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retool_cli.eval.report import group_rows, label_of, run_row
+from retool_cli.eval.over_seeds import group_rows, label_of, run_row
 from retool_cli.report.svg import PALETTE, Series
 
 # (metrics.jsonl key, chart title); "time/*" is summed into the step time

@@ -37,10 +37,11 @@ def write_report(
     compare: tuple[Path, Path] | None = None,
     max_trajectories: int = 2000,
     max_chars: int = 8000,
-) -> Path:
-    """Write out/report.html for the runs under `paths`. At most `max_trajectories` trajectories go into the
-    browser, shared equally by the runs that have some (whole problems, drawn with a fixed seed), each cut to
-    about `max_chars` characters: a page of a few to tens of MB however large the runs."""
+) -> tuple[Path, str]:
+    """Write out/report.html for the runs under `paths`; the file and a line saying what it holds. At most
+    `max_trajectories` trajectories go into the browser, shared equally by the runs that have some (whole
+    problems, drawn with a fixed seed), each cut to about `max_chars` characters: a page of a few to tens of MB
+    however large the runs."""
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out}: a file, not a folder")
     runs = [read_run(folder, i) for i, folder in enumerate(find_runs(paths))]
@@ -71,8 +72,7 @@ def write_report(
         handle.write(html)
     shown = sum(c["shown"] for c in counts.values())
     total = sum(c["total"] for c in counts.values())
-    print(f"wrote {path}: {len(runs)} runs, {shown} of {total} trajectories in the page, {len(html) / 1e6:.1f} MB")
-    return path
+    return path, f"{len(runs)} runs, {shown} of {total} trajectories in the page, {len(html) / 1e6:.1f} MB"
 
 
 def _comparison(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from retool_cli.eval.report import write_report
+from retool_cli.commands import eval_report
 
 
 def fake_run(root: Path, setting: str, step: int | None, seed: int, accuracy: float, se: float = 0.02) -> None:
@@ -43,7 +43,7 @@ def test_a_seed_sweep_becomes_results_with_a_spread(tmp_path: Path) -> None:
     for (step, seed), acc in accuracy.items():
         fake_run(tmp_path / "sweep", "a", step, seed, acc)
     fake_run(tmp_path / "sweep", "b", 10, 1, 0.01)  # another setting, one seed
-    out = write_report([tmp_path / "sweep"], tmp_path / "report")
+    out = eval_report.run([tmp_path / "sweep"], tmp_path / "report")
     report = json.loads((out / "report.json").read_text())
     a10, a20, b10 = report["results"]
     assert (a10["setting"], a10["step"], sorted(a10["seeds"])) == ("a", 10, [1, 2, 3])
@@ -63,5 +63,5 @@ def test_old_results_without_a_setting_are_one_run_each(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "x_step5_seed0" / "results.json").read_text())
     del results["protocol"]["setting"], results["protocol"]["training"]
     (tmp_path / "x_step5_seed0" / "results.json").write_text(json.dumps(results))
-    report = json.loads((write_report([tmp_path]) / "report.json").read_text())
+    report = json.loads((eval_report.run([tmp_path]) / "report.json").read_text())
     assert report["results"][0]["n_seeds"] == 1 and report["results"][0]["seeds"] == [0]

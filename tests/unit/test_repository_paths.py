@@ -25,7 +25,7 @@ def _tracked_text_files() -> list[Path]:
     keep = (".py", ".md", ".yaml", ".toml", ".sh", ".js", ".css")
     own = Path(__file__).resolve()  # its examples name paths that do not exist, on purpose
     files = [ROOT / f for f in listed.stdout.split() if f.endswith(keep) or f in ("Makefile", ".ci/run")]
-    return [f for f in files if f.resolve() != own]
+    return [f for f in files if f.is_file() and f.resolve() != own]  # (a deleted file not yet staged is gone)
 
 
 def _roots() -> set[str]:
