@@ -20,6 +20,7 @@ from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
 from retool_cli.faults import die_if_due
+from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.distributed import (
@@ -33,7 +34,6 @@ from retool_cli.rl.distributed import (
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
-from retool_cli.rollout.kv_decoder import supports
 from retool_cli.runs import config_key
 from retool_cli.runtime import for_this_process, open_runtime, run_folder
 

@@ -7,7 +7,7 @@ through an index, whose backward sums the group's gradients into the shared prom
 and weights (LoRA adapters included), the same logits to float rounding: tested against the plain pass,
 values and gradients. The idea is that of shared-prefix GRPO training (Prefix Grouper, arXiv 2506.05433).
 
-Llama-family decoders only (kv_decoder.supports); not under FSDP2, whose hooks wrap whole decoder layers, nor
+Llama-family decoders only (model/llama_family.py:supports); not under FSDP2, whose hooks wrap whole decoder layers, nor
 with gradient checkpointing. `rl/logprobs.py:sequence_logprobs` and `counted_token_logprobs` decide when to use it.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from retool_cli.model.llama_family import rotate, supports
 from retool_cli.rl.distributed import is_sharded
-from retool_cli.rollout.kv_decoder import rotate, supports
 
 
 def usable(model: Any) -> bool:

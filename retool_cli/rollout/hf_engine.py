@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from retool_cli.rollout.kv_decoder import HFCacheDecoder, KVDecoder, supports
+from retool_cli.model.llama_family import supports
+from retool_cli.rollout.kv_decoder import HFCacheDecoder, KVDecoder
 
 
 @dataclass

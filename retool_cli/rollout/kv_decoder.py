@@ -30,16 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from retool_cli.model.llama_family import rotate
 from retool_cli.rollout import cpu_kernels
-
-SUPPORTED = {"qwen2", "qwen3", "llama", "mistral"}
-
-
-def supports(model: Any) -> bool:
-    config = model.config
-    if config.model_type not in SUPPORTED or getattr(config, "use_sliding_window", False):
-        return False
-    return not (config.model_type == "mistral" and getattr(config, "sliding_window", None))
 
 
 def _packable(model: Any) -> bool:
@@ -403,9 +395,3 @@ def _layer_norms(layer: Any) -> dict[str, tuple]:
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """A Llama-family RMSNorm module's computation as one op (fp32: the same numbers)."""
     return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding of transformers' Llama-family models (rotate_half form) on x (B, N, T, D)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

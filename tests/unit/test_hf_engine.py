@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
+from retool_cli.model import llama_family
 from retool_cli.rollout import cpu_kernels, kv_decoder
 from retool_cli.rollout.hf_engine import HFEngine, Sampling, _sample
 
@@ -64,7 +65,7 @@ def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bo
     that forward's, for the oneDNN-packed CPU path and for the model's own modules, with each row's copy of
     its prompt's cache and with the cache shared by a prompt's rows."""
     model = tiny_model(kind)
-    llama_family = kv_decoder.supports(model)
+    fast_path = llama_family.supports(model)
     if not packed:
         monkeypatch.setattr(kv_decoder, "_packable", lambda m: False)
     elif not kv_decoder._packable(model):
@@ -77,8 +78,8 @@ def test_decoder_matches_the_models_forward(kind: str, packed: bool, grouped: bo
     )
     prompts, budgets = (GROUPED, GROUPED_BUDGETS) if grouped else (PROMPTS, [12, 7, 12, 3])
     gens = engine_for(model).generate(prompts, budgets, [], Sampling(temperature=0.0))
-    assert shared == ([3] if grouped and llama_family else [])
-    assert bool(fused) == (packed and llama_family)  # the packed path decodes with the numba kernels
+    assert shared == ([3] if grouped and fast_path else [])
+    assert bool(fused) == (packed and fast_path)  # the packed path decodes with the numba kernels
     for prompt, budget, gen in zip(prompts, budgets, gens, strict=True):
         if gen.finish_reason == "eos":
             assert gen.token_ids[-1] == EOS and len(gen.token_ids) <= budget
@@ -117,7 +118,7 @@ def test_packed_weights_follow_a_weight_change(through_data: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_rotate_is_the_models_own_rotary_embedding_bit_for_bit(kind: str) -> None:
-    """kv_decoder.rotate stands in for the model module's apply_rotary_pos_emb in the decoder and in the
+    """llama_family.rotate stands in for the model module's apply_rotary_pos_emb in the decoder and in the
     shared-prefix training pass; the training logprobs must not move by a bit when it does."""
     import importlib
 
@@ -126,8 +127,8 @@ def test_rotate_is_the_models_own_rotary_embedding_bit_for_bit(kind: str) -> Non
     q, k = torch.randn(3, 4, 7, 16, generator=generator), torch.randn(3, 2, 7, 16, generator=generator)
     cos, sin = torch.randn(3, 7, 16, generator=generator), torch.randn(3, 7, 16, generator=generator)
     q_model, k_model = apply(q, k, cos, sin)
-    assert torch.equal(kv_decoder.rotate(q, cos[:, None], sin[:, None]), q_model)
-    assert torch.equal(kv_decoder.rotate(k, cos[:, None], sin[:, None]), k_model)
+    assert torch.equal(llama_family.rotate(q, cos[:, None], sin[:, None]), q_model)
+    assert torch.equal(llama_family.rotate(k, cos[:, None], sin[:, None]), k_model)
 
 
 def test_cpu_kernels_exp_and_rms_norm() -> None:
