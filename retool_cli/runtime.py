@@ -23,7 +23,7 @@ from retool_cli.eval.sampling import resolve_checkpoint
 from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
 from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
-from retool_cli.runs import find_resumable, write_key
+from retool_cli.run_keys import find_resumable, write_key
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from retool_cli.eval.sampling import (
 from retool_cli.files import write_json
 from retool_cli.model.loading import load_tokenizer
 from retool_cli.provenance import data_record, package_versions
-from retool_cli.runs import config_key, setting_key, training_record
+from retool_cli.run_keys import config_key, setting_key, training_record
 from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
 
 log = logging.getLogger(__name__)

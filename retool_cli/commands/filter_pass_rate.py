@@ -21,7 +21,7 @@ from retool_cli.errors import DataError
 from retool_cli.eval.sampling import SamplingPlan, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
 from retool_cli.model.loading import load_tokenizer
-from retool_cli.runs import config_key
+from retool_cli.run_keys import config_key
 from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
 
 log = logging.getLogger(__name__)

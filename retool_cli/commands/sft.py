@@ -22,7 +22,7 @@ from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.runs import config_key
+from retool_cli.run_keys import config_key
 from retool_cli.runtime import run_folder, training_precision
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from retool_cli.rl.distributed import (
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
-from retool_cli.runs import config_key
+from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, open_runtime, run_folder
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from retool_cli.errors import DataError
 from retool_cli.eval.metrics import paired_difference
 from retool_cli.files import atomic_open
 from retool_cli.report import analysis
-from retool_cli.report.runs import bounded, find_runs, index_trajectories, load_rows, read_run, trajectory_file, trim
+from retool_cli.report.reading import bounded, find_runs, index_trajectories, load_rows, read_run, trajectory_file, trim
 from retool_cli.report.svg import line_chart
 
 ASSETS = Path(__file__).parent / "assets"

@@ -10,7 +10,7 @@ import pytest
 from retool_cli.errors import DataError
 from retool_cli.files import append_jsonl, iter_jsonl_log, read_jsonl_log, write_jsonl
 from retool_cli.report.analysis import compare, metric_value, representative, setting_of, training_series
-from retool_cli.report.runs import bounded, index_trajectories, load_rows, trim
+from retool_cli.report.reading import bounded, index_trajectories, load_rows, trim
 from retool_cli.report.svg import Series, _ticks, line_chart
 
 
