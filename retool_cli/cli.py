@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from retool_cli import __version__
+from retool_cli.help import COMMANDS  # each Hydra command's one-line summary, also the first line of its --help
 
 log = logging.getLogger("retool")
 
@@ -179,25 +180,22 @@ def _root(
     """Subcommands below; each takes Hydra overrides."""
 
 
-@app.command(**_HYDRA_COMMAND)
+@app.command("prepare", help=COMMANDS["prepare"].what, **_HYDRA_COMMAND)
 def prepare(ctx: typer.Context) -> None:
-    """Datasets -> clean, deduplicated train.jsonl / dev.jsonl and manifest.json."""
     from retool_cli.commands import prepare as command
 
     run_hydra_command("prepare", command.run, ctx.args)
 
 
-@app.command(**_HYDRA_COMMAND)
+@app.command("decontaminate", help=COMMANDS["decontaminate"].what, **_HYDRA_COMMAND)
 def decontaminate(ctx: typer.Context) -> None:
-    """Drop training problems that overlap evaluation benchmarks (n-gram coverage, exact short matches)."""
     from retool_cli.commands import decontaminate as command
 
     run_hydra_command("decontaminate", command.run, ctx.args)
 
 
-@app.command("filter-pass-rate", **_HYDRA_COMMAND)
+@app.command("filter-pass-rate", help=COMMANDS["filter-pass-rate"].what, **_HYDRA_COMMAND)
 def filter_pass_rate(ctx: typer.Context) -> None:
-    """Keep problems the policy solves sometimes (pass rate in filter.low..filter.high); resumable, shardable."""
     from retool_cli.commands import filter_pass_rate as command
 
     run_hydra_command("filter-pass-rate", command.run, ctx.args)
@@ -216,25 +214,22 @@ def filter_merge(
     _run_or_exit(merge, shards, out, low, high)
 
 
-@app.command(**_HYDRA_COMMAND)
+@app.command("sft", help=COMMANDS["sft"].what, **_HYDRA_COMMAND)
 def sft(ctx: typer.Context) -> None:
-    """Cold-start fine-tuning on code-interleaved traces, rendered as RL will see them."""
     from retool_cli.commands import sft as command
 
     run_hydra_command("sft", command.run, ctx.args)
 
 
-@app.command(**_HYDRA_COMMAND)
+@app.command("train", help=COMMANDS["train"].what, **_HYDRA_COMMAND)
 def train(ctx: typer.Context) -> None:
-    """Multi-turn RL (GRPO/DAPO) with the code interpreter; resumes from its last checkpoint."""
     from retool_cli.commands import train as command
 
     run_hydra_command("train", command.run, ctx.args)
 
 
-@app.command("eval", **_HYDRA_COMMAND)
+@app.command("eval", help=COMMANDS["eval"].what, **_HYDRA_COMMAND)
 def eval_(ctx: typer.Context) -> None:
-    """A model or checkpoint on a benchmark: avg@k, pass@k, maj@k with error bars (resumable)."""
     from retool_cli.commands import eval as command
 
     run_hydra_command("eval", command.run, ctx.args)

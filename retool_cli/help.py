@@ -1,17 +1,16 @@
 """`retool COMMAND --help`: what the command does, what it reads and writes, the keys it needs with the
-documentation their fields carry in config.py (and their values under the overrides given), and examples.
-`--cfg job` stays the full composed config; `--hydra-help` Hydra's own flags."""
+documentation each field declares in config.py (`config.doc`) and their values under the overrides given, and
+examples. `--cfg job` stays the full composed config; `--hydra-help` Hydra's own flags."""
 
 from __future__ import annotations
 
-import ast
-import io
+import dataclasses
 import textwrap
-import tokenize
+import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 from retool_cli.compose import CONF_DIR, RECIPES_DIR
+from retool_cli.config import RetoolConfig
 
 
 @dataclass(frozen=True)
@@ -150,44 +149,17 @@ COMMANDS = {
 }
 
 
-CONFIG_SOURCE = Path(__file__).with_name("config.py")
-
-
-def field_docs(source: Path = CONFIG_SOURCE) -> dict[str, str]:
-    """{dotted key: its documentation}: the comment on a field's line, else the comment lines just above it,
-    for every field reachable from RetoolConfig."""
-    text = source.read_text()
-    comments = {
-        tok.start[0]: tok.string.lstrip("# ").strip()
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-        if tok.type == tokenize.COMMENT
-    }
-    lines = text.splitlines()
-    classes: dict[str, dict[str, tuple[str, str]]] = {}  # class -> field -> (annotation, doc)
-    for node in ast.parse(text).body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        fields = {}
-        for item in node.body:
-            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                doc = " ".join(comments[n] for n in range(item.lineno, item.end_lineno + 1) if n in comments)
-                above, n = [], item.lineno - 1
-                while n >= 1 and lines[n - 1].strip().startswith("#"):
-                    above.insert(0, comments.get(n, ""))
-                    n -= 1
-                fields[item.target.id] = (ast.unparse(item.annotation), " ".join([*above, doc]).strip())
-        classes[node.name] = fields
+def field_docs(schema: type = RetoolConfig, prefix: str = "") -> dict[str, str]:
+    """{dotted key: its documentation}: the `help` each field declares with `config.doc`, for every key reachable
+    from RetoolConfig (a nested section's keys under its name)."""
     docs: dict[str, str] = {}
-
-    def walk(cls: str, prefix: str) -> None:
-        for name, (annotation, doc) in classes.get(cls, {}).items():
-            key = f"{prefix}{name}"
-            docs[key] = doc
-            nested = next((c for c in classes if c in annotation.replace(" | None", "").split()), None)
-            if nested and nested != cls:
-                walk(nested, f"{key}.")
-
-    walk("RetoolConfig", "")
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        docs[key] = f.metadata.get("help", "")
+        nested = [t for t in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(t)]
+        if nested:
+            docs.update(field_docs(nested[0], f"{key}."))
     return docs
 
 
