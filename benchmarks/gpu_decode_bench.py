@@ -14,8 +14,9 @@ import time
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+from retool_cli.interfaces import Sampling
 from retool_cli.model.tiny import tiny_model_path
-from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from retool_cli.rollout.hf_engine import HFEngine
 
 
 def main() -> None:

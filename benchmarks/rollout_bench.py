@@ -74,7 +74,7 @@ class TimedReplay:
         self.engine, self.tokenizer = engine, tokenizer
 
     def generate(self, prompts, max_new_tokens, stop_strings, sampling):
-        from retool_cli.rollout.hf_engine import Generation
+        from retool_cli.interfaces import Generation
 
         outs = []
         for prompt in prompts:
@@ -115,7 +115,7 @@ def multiturn(model, tokenizer) -> None:
 
 def vllm_worker(work: Path, repeats: int) -> None:
     """The vLLM peer, in its own process: the same model folder and batches; prints its timings as JSON."""
-    from retool_cli.rollout.hf_engine import Sampling
+    from retool_cli.interfaces import Sampling
     from retool_cli.rollout.vllm_engine import VLLMEngine
 
     grouped = json.loads((work / "prompts.json").read_text())
@@ -145,7 +145,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.vllm_worker:
         return vllm_worker(args.vllm_worker, args.repeats)
-    from retool_cli.rollout.hf_engine import HFEngine, Sampling
+    from retool_cli.interfaces import Sampling
+    from retool_cli.rollout.hf_engine import HFEngine
 
     base = load_baseline_builders(args.bench_dir)
     work = Path(tempfile.mkdtemp(prefix="rollout-bench-"))

@@ -33,10 +33,11 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
 
     from retool_cli.config import LossAgg, RetoolConfig
     from retool_cli.data.dataset import MathExample
+    from retool_cli.interfaces import Sampling
     from retool_cli.rl.optim import build_optimizer, build_scheduler
     from retool_cli.rl.step import StepPlan, rollout_batch, update
     from retool_cli.rollout.agent import Trajectory
-    from retool_cli.rollout.hf_engine import HFEngine, Sampling
+    from retool_cli.rollout.hf_engine import HFEngine
 
     base = load_baseline_builders(bench_dir)
     work = tempfile.mkdtemp(prefix="train-bench-")

@@ -17,9 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retool_cli.interfaces import Sampling
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.logprobs import sequence_logprobs
-from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from retool_cli.rollout.hf_engine import HFEngine
 from tests.real_models import build_model_folder, load_real_tokenizer
 
 

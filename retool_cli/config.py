@@ -155,7 +155,7 @@ class ModelConfig:
         )
 
 
-class Engine(enum.Enum):
+class RolloutEngine(enum.Enum):
     hf = "hf"  # transformers generate loop (CPU or CUDA)
     vllm = "vllm"  # vLLM offline engine (optional extra)
 
@@ -170,7 +170,9 @@ class LossAgg(str, enum.Enum):
 class RolloutConfig:
     """Sampling of trajectories with the agent loop (train, eval, filter-pass-rate)."""
 
-    engine: Engine = doc(Engine.hf, "hf (transformers, CPU or CUDA) | vllm (vLLM's engine, CUDA or its CPU build)")
+    engine: RolloutEngine = doc(
+        RolloutEngine.hf, "hf (transformers, CPU or CUDA) | vllm (vLLM's engine, CUDA or its CPU build)"
+    )
     dtype: str = doc(
         "auto",
         "Weights the engine generates with: auto = the policy's own (hf: shared with the trainer, nothing to "
@@ -264,7 +266,7 @@ DEFAULT_SYSTEM_PROMPT = (
 
 @dataclass
 class ProtocolConfig:
-    """How model and interpreter exchange code and results (retool_cli/protocol.py)."""
+    """How model and interpreter exchange code and results (retool_cli/env/protocol.py)."""
 
     name: ProtocolName = doc(ProtocolName.retool_tags, "retool_tags | chat_tool | none (text only)")
     system_prompt: str = doc(
@@ -671,7 +673,7 @@ class RetoolConfig:
     def __post_init__(self) -> None:
         self._check_budgets()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
-        hf_copy = self.rollout.engine is Engine.hf and self.rollout.dtype != "auto"
+        hf_copy = self.rollout.engine is RolloutEngine.hf and self.rollout.dtype != "auto"
         _check(
             not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)),
             "trainer.fsdp",

@@ -1,17 +1,69 @@
-"""The interfaces core code works against, as typing.Protocols (any object with these methods fits, no base
-class): an Engine samples tokens, a ToolProtocol turns questions and tool calls into tokens, a CodeRunner
-runs the model's code, a Judge decides whether answers are equal. Implementations: rollout/hf_engine.py and
-rollout/vllm_engine.py; env/protocol.py; env/sandbox.py; env/reward.py (Verifier)."""
+"""The interfaces core code works against, and the values that cross them. The interfaces are typing.Protocols
+(any object with these methods fits, no base class): an Engine samples tokens, a ToolProtocol turns questions
+and tool calls into tokens, a CodeRunner runs the model's code, a Judge decides whether answers are equal.
+Implementations: rollout/hf_engine.py and rollout/vllm_engine.py; env/protocol.py; env/sandbox.py;
+env/reward.py (Verifier). The values (Sampling, Generation, ToolCall, ExecResult, Verdict) live here, so
+that an implementation and its callers import this module, not each other."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from retool_cli.env.protocol import ToolCall
-    from retool_cli.env.reward import Verdict
-    from retool_cli.env.sandbox import ExecResult
-    from retool_cli.rollout.hf_engine import Generation, Sampling
+# ------------------------------------------------------------------ values
+
+
+@dataclass
+class Sampling:
+    """How an Engine samples one batch."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+
+@dataclass
+class Generation:
+    """What an Engine returns for one prompt."""
+
+    token_ids: list[int]  # new tokens, exactly as sampled (the stop string's tokens included)
+    logprobs: list[float]  # log p of each sampled token under the temperature-scaled policy
+    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
+
+
+@dataclass
+class ToolCall:
+    """What a ToolProtocol reads from a finished segment."""
+
+    code: str | None  # the code to run, or None when the call is malformed
+    error: str = ""  # what is wrong with a malformed call, phrased for the model
+
+
+@dataclass
+class ExecResult:
+    """What a CodeRunner returns for one snippet."""
+
+    stdout: str
+    stderr: str
+    status: str  # ok | error (exception, non-zero exit) | timeout (wall or CPU) | killed (memory, output, signal)
+    duration_s: float
+    reason: str = ""  # why it was not ok, in words ("memory limit exceeded", "killed by signal SIGSEGV", ...)
+    exit_code: int | None = None
+    truncated: bool = False  # output was cut at sandbox.max_output_bytes
+    infra_error: bool = False  # the worker died or hung: counted separately from the snippet's own errors
+
+
+@dataclass
+class Verdict:
+    """What a Judge decides for one (reference, answer) pair."""
+
+    equivalent: bool
+    timed_out: bool = False
+    path: str = "fast"  # cache | fast | slow
+
+
+# ------------------------------------------------------------------ interfaces
 
 
 class Engine(Protocol):

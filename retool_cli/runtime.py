@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import Engine as EngineName
-from retool_cli.config import ProtocolName, RetoolConfig
+from retool_cli.config import ProtocolName, RetoolConfig, RolloutEngine
 from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.eval.sampling import resolve_checkpoint
-from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
+from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
 from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
 from retool_cli.run_keys import find_resumable, write_key
@@ -50,7 +49,7 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
     device = resolve_device(model.device)
     if model.dtype == "auto" and device.type == "cuda":
         log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
-        if rollout.dtype == "auto" and (rollout.engine is EngineName.vllm or not trainer.fsdp):
+        if rollout.dtype == "auto" and (rollout.engine is RolloutEngine.vllm or not trainer.fsdp):
             rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
         return replace(
             config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True), rollout=rollout
@@ -92,7 +91,7 @@ class Runtime:
     protocol: ToolProtocol
     engine: Engine
     sandbox: CodeRunner | None  # None with protocol=none (no tool to run)
-    judge: Verifier
+    judge: Judge
 
 
 @contextlib.contextmanager
@@ -101,7 +100,7 @@ def open_runtime(
 ) -> Iterator[Runtime]:
     """The engine (sampling from `policy`; for a command that only samples, the model is loaded here, and vLLM
     loads `weights` itself), the sandbox when the protocol calls tools, and the judge's worker processes."""
-    if policy is None and config.rollout.engine is not EngineName.vllm:
+    if policy is None and config.rollout.engine is not RolloutEngine.vllm:
         from retool_cli.model.loading import load_model
 
         policy = load_model(config.model).eval()

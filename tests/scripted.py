@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from retool_cli.rollout.hf_engine import Generation, Sampling
+from retool_cli.interfaces import Generation, Sampling
 
 
 class ScriptedEngine:
@@ -33,3 +33,12 @@ class ScriptedEngine:
                 finish = "stop" if any(turn.endswith(s) for s in stop_strings) else "length"
                 out.append(Generation(ids, [0.0] * len(ids), finish))
         return out
+
+    def update_weights(self, policy: object) -> None:
+        """Nothing to refresh: the script is the model."""
+
+    def sleep(self) -> None:
+        """Nothing held between batches."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore."""

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from retool_cli.config import Engine, RetoolConfig
+from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
@@ -44,7 +44,7 @@ PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/respo
 def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager:
     """The hf engine decodes with the policy's own modules: under FSDP2 their weights are all-gathered for it.
     vLLM keeps its own copy (synced after each step), so the trainer's shards stay sharded."""
-    return contextlib.nullcontext() if config.rollout.engine is Engine.vllm else full_weights(model)
+    return contextlib.nullcontext() if config.rollout.engine is RolloutEngine.vllm else full_weights(model)
 
 
 def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
@@ -56,7 +56,7 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     source = str(checkpoint) if checkpoint and not lora else initial
     adapter = checkpoint / "adapter" if checkpoint and lora else None
     model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
-    if sharded and config.rollout.engine is Engine.hf and not supports(model):
+    if sharded and config.rollout.engine is RolloutEngine.hf and not supports(model):
         raise ConfigError(
             f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
             f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm"

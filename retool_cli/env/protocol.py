@@ -20,11 +20,11 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from retool_cli.config import ProtocolConfig, ProtocolName, TemplatePolicy
 from retool_cli.errors import ConfigError, DataError
+from retool_cli.interfaces import ToolCall
 
 TOOL_NAME = "code_interpreter"
 TOOL_SCHEMA = {
@@ -51,12 +51,6 @@ PROTOCOL_TAGS = [
     "<think>",
     "</think>",
 ]
-
-
-@dataclass
-class ToolCall:
-    code: str | None  # the code to run, or None when the call is malformed
-    error: str = ""  # what is wrong with a malformed call, phrased for the model
 
 
 # ------------------------------------------------------------------ tool results as text

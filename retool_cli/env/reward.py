@@ -28,7 +28,7 @@ from fractions import Fraction
 
 from retool_cli.config import RewardConfig, RewardFunction
 from retool_cli.env.judge import THOUSANDS
-from retool_cli.interfaces import Judge
+from retool_cli.interfaces import Judge, Verdict
 
 # ------------------------------------------------------------------ extraction
 
@@ -183,13 +183,6 @@ class _JudgeProcess:
 
 def _readable(stream, timeout_s: float) -> bool:
     return bool(select.select([stream], [], [], timeout_s)[0])
-
-
-@dataclass
-class Verdict:
-    equivalent: bool
-    timed_out: bool = False
-    path: str = "fast"  # cache | fast | slow
 
 
 class Verifier:

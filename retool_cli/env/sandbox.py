@@ -31,12 +31,12 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
 from retool_cli.config import Isolation, SandboxConfig
 from retool_cli.errors import RetoolError
+from retool_cli.interfaces import ExecResult
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +56,6 @@ _warned_rlimits = False
 
 class SandboxError(RetoolError):
     """The sandbox itself is broken (cannot start a worker, bubblewrap refused): not the snippet's fault."""
-
-
-@dataclass
-class ExecResult:
-    stdout: str
-    stderr: str
-    status: str  # ok | error (exception, non-zero exit) | timeout (wall or CPU) | killed (memory, output, signal)
-    duration_s: float
-    reason: str = ""  # why it was not ok, in words ("memory limit exceeded", "killed by signal SIGSEGV", ...)
-    exit_code: int | None = None
-    truncated: bool = False  # output was cut at sandbox.max_output_bytes
-    infra_error: bool = False  # the worker died or hung: counted separately from the snippet's own errors
 
 
 # ------------------------------------------------------------------ isolation

@@ -18,7 +18,7 @@ from typing import Any
 
 from retool_cli.config import RetoolConfig, RewardConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data.dataset import MathExample, prepare_dataset
-from retool_cli.env.reward import Verifier, score_batch
+from retool_cli.env.reward import score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
@@ -158,7 +158,7 @@ def _advance(progress: Any, n: int) -> None:
 
 
 def summarize(
-    rows: list[dict], problems: list[MathExample], n: int, verifier: Verifier, bootstrap: int, seed: int
+    rows: list[dict], problems: list[MathExample], n: int, verifier: Judge, bootstrap: int, seed: int
 ) -> tuple[dict[str, Any], list[dict]]:
     """Benchmark metrics and the per-problem table from the sample rows."""
     by_problem: dict[str, list[dict]] = {}

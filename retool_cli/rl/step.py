@@ -19,8 +19,8 @@ import torch
 
 from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RewardControl, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
-from retool_cli.env.reward import Verifier, reward_metrics, score_batch
-from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
+from retool_cli.env.reward import reward_metrics, score_batch
+from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
 from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss, shuffled_rewards
 from retool_cli.rl.batch import Batch
 from retool_cli.rl.distributed import (
@@ -70,7 +70,7 @@ def collect(
     engine: Engine,
     protocol: ToolProtocol,
     sandbox: CodeRunner | None,
-    verifier: Verifier,
+    verifier: Judge,
 ) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
     of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);

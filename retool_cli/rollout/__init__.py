@@ -7,15 +7,15 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import Engine, RetoolConfig
-from retool_cli.interfaces import Engine as EngineLike
+from retool_cli.config import RetoolConfig, RolloutEngine
+from retool_cli.interfaces import Engine
 
 
-def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> EngineLike:
+def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> Engine:
     """The rollout engine of `rollout.engine`; vLLM is imported only when selected. vLLM loads `weights` (a
     checkpoint folder or hub id; default `model.name_or_path`): the policy's architecture and tokenizer.
     A trainer then syncs the policy's own weights into it before the first rollout."""
-    if cfg.rollout.engine is Engine.vllm:
+    if cfg.rollout.engine is RolloutEngine.vllm:
         from retool_cli.model.loading import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
 

@@ -23,8 +23,7 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import format_result
 from retool_cli.env.reward import Response, RewardScore
 from retool_cli.env.sandbox import SandboxError
-from retool_cli.interfaces import CodeRunner, Engine, ToolProtocol
-from retool_cli.rollout.hf_engine import Generation, Sampling
+from retool_cli.interfaces import CodeRunner, Engine, Generation, Sampling, ToolProtocol
 
 STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
 

@@ -12,28 +12,13 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from retool_cli.interfaces import Generation, Sampling
 from retool_cli.model.llama_family import supports
 from retool_cli.rollout.kv_decoder import HFCacheDecoder, KVDecoder
-
-
-@dataclass
-class Sampling:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    seed: int = 0
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]  # new tokens, exactly as sampled (the stop string's tokens included)
-    logprobs: list[float]  # log p of each sampled token under the temperature-scaled policy
-    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
 
 
 class HFEngine:

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from retool_cli.errors import ConfigError, RetoolError
+from retool_cli.interfaces import Generation, Sampling
 from retool_cli.model.loading import check_torchvision, resolve_dtype
 from retool_cli.model.tokenizer_check import check_same_tokenizer
-from retool_cli.rollout.hf_engine import Generation, Sampling
 
 log = logging.getLogger(__name__)
 

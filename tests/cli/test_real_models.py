@@ -19,8 +19,9 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import ChatToolProtocol, TaggedProtocol
 from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.env.sandbox import Sandbox
+from retool_cli.interfaces import Sampling
 from retool_cli.rollout.agent import run_rollouts
-from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from retool_cli.rollout.hf_engine import HFEngine
 from tests.helpers import read_jsonl, run_retool
 from tests.real_models import build_model_folder, load_real_tokenizer, tokenizer_folder
 

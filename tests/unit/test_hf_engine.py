@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config, Qwen3Config
 
+from retool_cli.interfaces import Sampling
 from retool_cli.model import llama_family
 from retool_cli.rollout import cpu_kernels, kv_decoder
-from retool_cli.rollout.hf_engine import HFEngine, Sampling, _sample
+from retool_cli.rollout.hf_engine import HFEngine, _sample
 
 CONFIGS = {
     "qwen2": Qwen2Config,  # q/k/v biases

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from retool_cli.config import Engine, RetoolConfig
+from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.errors import ConfigError
 from retool_cli.rollout import vllm_dtype
 from retool_cli.runtime import training_precision
@@ -19,7 +19,7 @@ def config(**model) -> RetoolConfig:
     return replace(cfg, model=replace(cfg.model, **model))
 
 
-def with_engine(cfg: RetoolConfig, engine: Engine) -> RetoolConfig:
+def with_engine(cfg: RetoolConfig, engine: RolloutEngine) -> RetoolConfig:
     return replace(cfg, rollout=replace(cfg.rollout, engine=engine))
 
 
@@ -33,13 +33,13 @@ def test_auto_on_a_cpu_trains_fp32_as_configured(caplog) -> None:
 @pytest.mark.parametrize(
     "engine, fsdp, rollout_dtype",
     [
-        (Engine.hf, False, "bfloat16"),
-        (Engine.hf, True, "auto"),
-        (Engine.vllm, False, "bfloat16"),
-        (Engine.vllm, True, "bfloat16"),
+        (RolloutEngine.hf, False, "bfloat16"),
+        (RolloutEngine.hf, True, "auto"),
+        (RolloutEngine.vllm, False, "bfloat16"),
+        (RolloutEngine.vllm, True, "bfloat16"),
     ],
 )
-def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: Engine, fsdp: bool, rollout_dtype: str) -> None:
+def test_auto_on_cuda_is_mixed_precision(monkeypatch, engine: RolloutEngine, fsdp: bool, rollout_dtype: str) -> None:
     # Only the device lookup is faked: the function under test reads the config and torch.cuda.is_available.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = with_engine(config(device="auto", dtype="auto"), engine)
@@ -87,9 +87,9 @@ def test_vllm_dtype(monkeypatch, cuda: bool, model_dtype: str, rollout_dtype: st
 def test_fsdp_refuses_only_the_hf_engines_weight_copy() -> None:
     cfg = RetoolConfig()
     trainer = replace(cfg.trainer, fsdp=True)
-    replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.vllm, dtype="bfloat16"))  # fine
+    replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=RolloutEngine.vllm, dtype="bfloat16"))  # fine
     with pytest.raises(ConfigError, match="trainer.fsdp"):
-        replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=Engine.hf, dtype="bfloat16"))
+        replace(cfg, trainer=trainer, rollout=replace(cfg.rollout, engine=RolloutEngine.hf, dtype="bfloat16"))
 
 
 def test_building_the_tiny_model_leaves_the_runs_random_streams_alone(tmp_path, monkeypatch) -> None:

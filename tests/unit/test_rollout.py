@@ -21,8 +21,9 @@ from retool_cli.env.protocol import (
     parse_chat_call,
     parse_tagged_call,
 )
-from retool_cli.env.sandbox import ExecResult, Sandbox
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import ConfigError
+from retool_cli.interfaces import ExecResult
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
@@ -294,8 +295,8 @@ def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenize
     """rollout.dtype=bfloat16 next to an fp32 trainer: generation runs on a bf16 copy (the trainer's weights
     stay fp32), a trainer step does not reach it until update_weights, and then it does."""
     from retool_cli.config import RetoolConfig
+    from retool_cli.interfaces import Sampling
     from retool_cli.rollout import build_engine
-    from retool_cli.rollout.hf_engine import Sampling
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     cfg = RetoolConfig()

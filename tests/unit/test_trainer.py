@@ -42,10 +42,11 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     from transformers import AutoTokenizer
 
     from retool_cli.config import ModelConfig
+    from retool_cli.interfaces import Sampling
     from retool_cli.model.loading import load_policy, merged_state_dict
     from retool_cli.rl.checkpoints import save_checkpoint
     from retool_cli.rl.optim import build_optimizer, build_scheduler
-    from retool_cli.rollout.hf_engine import HFEngine, Sampling
+    from retool_cli.rollout.hf_engine import HFEngine
 
     torch.manual_seed(0)
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_alpha=8.0)

