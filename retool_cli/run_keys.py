@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -16,9 +17,14 @@ log = logging.getLogger(__name__)
 KEY_FILE = "run_key.txt"
 
 
+def _plain(cfg: RetoolConfig) -> dict[str, Any]:
+    """The config as plain, resolved values (enums as their names)."""
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
+
+
 def config_key(cfg: RetoolConfig) -> str:
     """Identifies a run: runs of identical configs may continue each other's unfinished work."""
-    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    keep = _plain(cfg)
     keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
     keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
     return _digest(keep, 16)
@@ -67,9 +73,9 @@ def training_record(checkpoint: Path | None) -> dict | None:
         return {"run": str(run), "seed": None, "setting": None}
     config = OmegaConf.load(saved)
     try:
-        container = OmegaConf.to_container(config, resolve=True)
+        container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     except Exception:  # an interpolation that only resolves inside Hydra: compare the unresolved text
-        container = OmegaConf.to_container(config, resolve=False)
+        container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=False))
     seed = container.pop("seed", None)
     return {"run": str(run), "seed": seed, "setting": _digest(container)}
 
@@ -77,7 +83,7 @@ def training_record(checkpoint: Path | None) -> dict | None:
 def setting_key(cfg: RetoolConfig, training: dict | None) -> str:
     """What an eval measures, seeds aside: runs that differ only in their seed (and the training seed of the
     checkpoint they evaluate) share it, so a report can put them together as one result with a spread."""
-    keep = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    keep = _plain(cfg)
     for key in ("seed", "ckpt", "eval"):
         keep.pop(key, None)
     if training is not None and training["setting"] is not None:  # the same training setting, any seed or step

@@ -30,6 +30,8 @@ def load_benchmark_problems(name: str, paths: dict[str, str | None], seed: int) 
         OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), OmegaConf.load(option))
     )  # type: ignore[assignment]
     data = bench.data
+    if data is None:
+        raise ConfigError(f"{option}: the benchmark option has no data section")
     if paths.get(name):
         data = replace(data, path=paths[name])
     # offline, the hub error names decontam.benchmark_paths.NAME: that is where a local copy goes here

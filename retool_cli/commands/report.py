@@ -9,8 +9,7 @@ from retool_cli.report.page import write_report
 
 def run(paths: list[Path], out: Path | None, compare: list[Path] | None, max_trajectories: int, max_chars: int) -> Path:
     """Write out/report.html (default: in the first folder) and say what it holds; the file written."""
-    path, summary = write_report(
-        paths, out or paths[0], tuple(compare) if compare else None, max_trajectories, max_chars
-    )
+    pair = (compare[0], compare[1]) if compare else None  # cli.py checked that there are two
+    path, summary = write_report(paths, out or paths[0], pair, max_trajectories, max_chars)
     print(f"wrote {path}: {summary}")
     return path

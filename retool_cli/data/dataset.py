@@ -297,8 +297,8 @@ class PrepareStats:
     read: int = 0
     kept_train: int = 0
     kept_dev: int = 0
-    dropped: Counter = field(default_factory=Counter)  # reason -> rows
-    repaired: Counter = field(default_factory=Counter)  # repair -> rows
+    dropped: Counter[str] = field(default_factory=Counter[str])  # reason -> rows
+    repaired: Counter[str] = field(default_factory=Counter[str])  # repair -> rows
     resolved_revision: str | None = None  # the hub commit that was read, when known
 
 

@@ -326,9 +326,11 @@ class BenchmarkIndex:
             out.append(found)
         return out
 
-    def _short_copies(self, texts: list[str], words_per_row: np.ndarray, chunk_rows: int, threads: int) -> dict:
+    def _short_copies(
+        self, texts: list[str], words_per_row: np.ndarray, chunk_rows: int, threads: int
+    ) -> dict[int, int]:
         """row -> item for rows equal to a benchmark item shorter than n words, or (`contained`) holding one."""
-        exact = {}
+        exact: dict[int, int] = {}
         if self.short:  # rows shorter than n words may equal a short benchmark item
             for row in np.flatnonzero(words_per_row < self.n).tolist():
                 item = self.short.get(normalize(texts[row], self.latex, self.punctuation))
@@ -402,7 +404,7 @@ def verdicts(
     by_coverage, by_shared = found[0], found[-1]
     out = []
     for text, first, second in zip(texts, by_coverage, by_shared, strict=True):
-        verdict = None
+        verdict: Verdict | None = None
         for o in (first, second) if second.item != first.item else (first,):
             if o.item < 0:
                 verdict = Verdict(o, None, 0.0, flagged(o, rule, threshold))
@@ -415,6 +417,7 @@ def verdicts(
                 verdict = Verdict(o, numbers, words, flag)
             if flag:
                 break
+        assert verdict is not None  # the loop ran at least once
         out.append(verdict)
     return out
 

@@ -11,6 +11,7 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from retool_cli.config import SyntheticConfig
 from retool_cli.errors import ConfigError
@@ -118,7 +119,7 @@ def generate(cfg: SyntheticConfig, seed: int) -> Iterator[tuple[str, str, str, s
         yield f"{kind}-{digest}", question, str(answer), code
 
 
-def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator[tuple[str, dict]]:
+def generate_rows(cfg: SyntheticConfig, seed: int, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Generated problems as (where, fields) source rows, so they go through the same cleaning and dedupe as
     files (dataset.py wraps them as RawRow)."""
     for index, (example_id, question, answer, code) in enumerate(generate(cfg, seed)):

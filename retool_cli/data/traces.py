@@ -121,7 +121,7 @@ def synthetic_traces(
 # ------------------------------------------------------------------ traces from files and the hub
 
 
-def read_trace_rows(source: str, revision: str = "main", split: str = "train") -> Iterable[tuple[str, dict]]:
+def read_trace_rows(source: str, revision: str = "main", split: str = "train") -> Iterable[tuple[str, dict[str, Any]]]:
     """(where, row) of a local file or folder, or of a hub dataset when no such path exists."""
     path = Path(source).expanduser()
     hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", source) and path.suffix not in (".jsonl", ".json", ".parquet")
@@ -149,12 +149,12 @@ def conversation_segments(messages: Any, where: str) -> tuple[str, list[tuple[st
         if not isinstance(content, str) and not (role == "assistant" and content is None and calls):
             raise DataError(f"{where}: a {role!r} message without text content")
         if role == "user" and question is None:
-            question = _question(content)
+            question = _question(content or "")
         elif role == "assistant":
             segments += _tagged_segments(content or "", where)
             segments += [("call", _call_code(call, where)) for call in calls]
         elif role in ("tool", "interpreter"):
-            segments.append(("tool", content))
+            segments.append(("tool", content or ""))
         elif role != "system":
             raise DataError(f"{where}: unexpected role {role!r}")
     if question is None or not segments or segments[-1][0] != "model":
@@ -220,7 +220,7 @@ def file_traces(
 
 def dump_messages(path: str | Path, question: str, segments: list[tuple[str, str]]) -> None:
     """Append one trace as chat messages with tool calls (used to write examples and test files)."""
-    messages: list[dict] = [{"role": "user", "content": question}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     for kind, value in segments:
         if kind == "model":
             messages.append({"role": "assistant", "content": value})

@@ -17,6 +17,7 @@ import functools
 import json
 import re
 import sys
+from typing import Any
 
 # ------------------------------------------------------------------ reading a box's content
 
@@ -105,7 +106,7 @@ def read_answer(answer: str, other: str) -> str:
     return text
 
 
-def _repeating_as_fraction(match: re.Match) -> str:
+def _repeating_as_fraction(match: re.Match[str]) -> str:
     """`1.2\\overline{45}` -> the exact fraction: whole + fixed digits / 10^n + period / ((10^m - 1) 10^n)."""
     from fractions import Fraction
 
@@ -129,7 +130,9 @@ def candidate_count(answer: str) -> int:
     nested_alternatives = 0
     if len(text) > 1 and text[0] in "({" and _matching_close(text, 0) == len(text) - 1:
         text = text[1:-1]  # the whole answer is one set or tuple: count its elements ([a, b] is one interval)
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
     marked = _ALTERNATIVE.sub("\0", text)
     for char in marked:
         depth += (char in _OPEN) - (char in _CLOSE)
@@ -171,11 +174,11 @@ def _as_math(text: str) -> str:
     return f"${text}$"
 
 
-def _with_imaginary_unit(parsed: list) -> list:
+def _with_imaginary_unit(parsed: list[Any]) -> list[Any]:
     """In a math answer `i` is the imaginary unit: `2e^{i\\pi/3}` equals `1+\\sqrt{3}i` only then."""
     import sympy
 
-    def substituted(x):
+    def substituted(x: Any) -> Any:
         if not isinstance(x, sympy.Basic):
             return x
         return x.xreplace({s: sympy.I for s in x.free_symbols if getattr(s, "name", "") == "i"})
@@ -183,7 +186,7 @@ def _with_imaginary_unit(parsed: list) -> list:
     return [substituted(x) for x in parsed]
 
 
-def _evaluated(expr):
+def _evaluated(expr: Any) -> Any:
     """Set operations and the arithmetic inside a tuple's, set's, interval's or matrix's components carried out
     (math-verify keeps `[1,2] \\cup [2,3]` and `(2 \\cdot 2, 6)` unevaluated): `[1,3]` and `(4, 6)`."""
     import sympy
@@ -198,7 +201,7 @@ def _evaluated(expr):
     return expr
 
 
-def _region(expr):
+def _region(expr: Any) -> Any:
     """The set of reals an interval, a union, `x \\in S`, an inequality, a conjunction or a list of alternatives
     (`x<-2 or x>2`) in one variable describes; None for anything else (a number, a list of values)."""
     import sympy
@@ -219,7 +222,7 @@ def _region(expr):
         return None
 
 
-def _same_equation(gold, pred) -> bool:
+def _same_equation(gold: Any, pred: Any) -> bool:
     """`2x = 10` and `x = 5`: one equation with its sides moved or scaled (math-verify takes `x = 5` for 5)."""
     import sympy
 
@@ -232,20 +235,20 @@ def _same_equation(gold, pred) -> bool:
     return bool(ratio.is_number and ratio != 0 and ratio.is_finite)
 
 
-def _decimals(expr) -> set:
+def _decimals(expr: Any) -> set[Any]:
     import sympy
 
     return expr.atoms(sympy.Float) if isinstance(expr, sympy.Basic) else set()
 
 
-def _exact(expr):
+def _exact(expr: Any) -> Any:
     """Decimals as the exact fractions they spell (0.333 is 333/1000, not 1/3)."""
     import sympy
 
     return expr.xreplace({f: sympy.Rational(str(f)) for f in _decimals(expr)})
 
 
-def _settle_decimals(gold, pred, verdict: bool, gold_text: str) -> bool:
+def _settle_decimals(gold: Any, pred: Any, verdict: bool, gold_text: str) -> bool:
     """math-verify compares numbers rounded to 6 places, so 0.3333333 would earn 1/3. A decimal answer must
     equal the reference exactly; an exact answer against a decimal reference must round to it."""
     import sympy
@@ -265,7 +268,7 @@ def _settle_decimals(gold, pred, verdict: bool, gold_text: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)  # a reference answer is judged against many samples
-def _parse(text: str) -> tuple:
+def _parse(text: str) -> tuple[Any, ...]:
     from math_verify import parse
 
     return tuple(parse(text, parsing_timeout=None))
@@ -290,7 +293,7 @@ def judge(gold: str, pred: str) -> bool:
         return False
     if region is not None and (wanted := _region(p[0])) is not None:
         # sympy keeps sets canonical: (2, oo) from x > 2 is Interval.open(2, oo)
-        return _exact(region) == _exact(wanted)
+        return bool(_exact(region) == _exact(wanted))
     # float_rounding=12, not math-verify's 6: inside tuples, sets and matrices too, 1.0000001 is not 1
     verdict = bool(verify(g, p, float_rounding=12, allow_set_relation_comp=region is not None, timeout_seconds=None))
     return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)
@@ -327,12 +330,12 @@ def install_two_stage_latex_parsing() -> bool:
     except (ImportError, AttributeError):
         return False
 
-    def create_parser_in_mode(self, latex_str):
+    def create_parser_in_mode(self: Any, latex_str: str) -> Any:
         parser = create_parser(self, latex_str)
         parser._interp.predictionMode = getattr(self, "_retool_prediction_mode", PredictionMode.LL)
         return parser
 
-    def parse_sll_then_ll(self, latex_str):
+    def parse_sll_then_ll(self: Any, latex_str: str) -> Any:
         self._retool_prediction_mode = PredictionMode.LL
         if _bracket_depth(latex_str) > 12:  # deep nesting: LL may hit Python's recursion limit where SLL
             return parse(self, latex_str)  # would not, and SLL can take minutes; keep the original behaviour

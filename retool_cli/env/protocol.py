@@ -173,7 +173,9 @@ class TaggedProtocol:
         return parse_tagged_call(turn_text)
 
     def result_ids(self, result_text: str) -> list[int]:
-        return self.tokenizer.encode(f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False)
+        return list(
+            self.tokenizer.encode(f"\n<interpreter>\n{result_text}\n</interpreter>\n", add_special_tokens=False)
+        )
 
 
 class ChatToolProtocol:
@@ -194,12 +196,14 @@ class ChatToolProtocol:
         self.policy = policy
         self._call, self._json_code, self._before, self._after = self._probe_template()
 
-    def _messages(self, question: str) -> list[dict]:
+    def _messages(self, question: str) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=add_generation_prompt
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=add_generation_prompt
+            )
         )
 
     def _probe_template(self) -> tuple[str, bool, str, str]:
@@ -248,7 +252,7 @@ class ChatToolProtocol:
         )
 
     def prompt_ids(self, question: str) -> list[int]:
-        return self.tokenizer.encode(self._render(self._messages(question), True), add_special_tokens=False)
+        return list(self.tokenizer.encode(self._render(self._messages(question), True), add_special_tokens=False))
 
     def call_text(self, code: str) -> str:
         """The text with which the model calls the tool after its own text, as the template writes it."""
@@ -259,17 +263,17 @@ class ChatToolProtocol:
         return parse_chat_call(turn_text)
 
     def result_ids(self, result_text: str) -> list[int]:
-        return self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False)
+        return list(self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False))
 
 
-def tool_call(code: str) -> dict:
+def tool_call(code: str) -> dict[str, Any]:
     """An OpenAI-style tool call of the interpreter, as chat messages carry it."""
     return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": code}}}
 
 
-def _template_ids(tokenizer: Any, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | ChatToolProtocol:
@@ -280,12 +284,14 @@ def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | Chat
     return TaggedProtocol(tokenizer, cfg.system_prompt)
 
 
-def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list, max_tokens: int) -> list:
+def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list[Any], max_tokens: int) -> list[Any]:
     """The examples whose templated prompt is longer than `max_tokens` (rollout.max_prompt_tokens)."""
     return [ex for ex in examples if len(protocol.prompt_ids(ex.question)) > max_tokens]
 
 
-def drop_overlong_prompts(examples: list, protocol: TaggedProtocol | ChatToolProtocol, max_tokens: int) -> list:
+def drop_overlong_prompts(
+    examples: list[Any], protocol: TaggedProtocol | ChatToolProtocol, max_tokens: int
+) -> list[Any]:
     """Training questions whose prompt fits rollout.max_prompt_tokens (verl's filter_overlong_prompts), the
     others dropped with a logged count; none left is an error."""
     overlong = {ex.id for ex in overlong_prompts(protocol, examples, max_tokens)}

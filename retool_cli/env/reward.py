@@ -25,6 +25,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import IO
 
 from retool_cli.config import RewardConfig, RewardFunction
 from retool_cli.env.judge import THOUSANDS
@@ -172,7 +173,8 @@ class _JudgeProcess:
         self.proc.stdin.flush()
         if not _readable(self.proc.stdout, timeout_s):
             return None
-        return json.loads(self.proc.stdout.readline())
+        verdict: bool | None = json.loads(self.proc.stdout.readline())
+        return verdict
 
     def kill(self) -> None:
         self.proc.kill()
@@ -181,7 +183,7 @@ class _JudgeProcess:
             pipe.close()  # type: ignore[union-attr]
 
 
-def _readable(stream, timeout_s: float) -> bool:
+def _readable(stream: IO[str], timeout_s: float) -> bool:
     return bool(select.select([stream], [], [], timeout_s)[0])
 
 
@@ -315,7 +317,7 @@ def score_batch(responses: list[Response], cfg: RewardConfig, verifier: Judge) -
     else:
         extracted = [extract_boxed(answer_text(r.text), cfg.answer_window_chars) for r in responses]
         to_check = [i for i, found in enumerate(extracted) if found is not None and not responses[i].truncated]
-        judged = verifier.verify_many([(responses[i].reference, extracted[i]) for i in to_check])
+        judged = verifier.verify_many([(responses[i].reference, str(extracted[i])) for i in to_check])  # not None
         checked = dict(zip(to_check, judged, strict=True))
         verdicts = [checked.get(i, Verdict(False)) for i in range(len(responses))]
     return [

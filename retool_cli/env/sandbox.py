@@ -33,6 +33,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from retool_cli.config import Isolation, SandboxConfig
 from retool_cli.errors import RetoolError
@@ -126,7 +127,7 @@ def _site_dirs(modules: list[str]) -> list[str]:
     return dirs
 
 
-def _bwrap_command(config: SandboxConfig, setup: dict) -> list[str]:
+def _bwrap_command(config: SandboxConfig, setup: dict[str, Any]) -> list[str]:
     base = os.path.realpath(sys.base_prefix)
     exe = os.path.realpath(sys.executable)
     in_usr = base == "/usr" or base.startswith("/usr/")
@@ -176,7 +177,7 @@ class _Worker:
 
     def __init__(self, config: SandboxConfig, isolation: Isolation, uid: int | None) -> None:
         self.config, self.isolation, self.uid = config, isolation, uid
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._scratch: str | None = None
 
     def start(self) -> None:
@@ -271,13 +272,13 @@ class _Worker:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
-    def _send(self, message: dict) -> None:
+    def _send(self, message: dict[str, Any]) -> None:
         body = json.dumps(message).encode()
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(struct.pack(">I", len(body)) + body)
         self.proc.stdin.flush()
 
-    def _receive(self, deadline: float) -> dict | None:
+    def _receive(self, deadline: float) -> dict[str, Any] | None:
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         header = _read_exact(fd, 4, deadline)

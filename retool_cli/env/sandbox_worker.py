@@ -29,6 +29,8 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 EXIT_MEMORY = 250  # child exit code: the snippet hit the memory limit (MemoryError)
 PR_SET_CHILD_SUBREAPER = 36
@@ -37,7 +39,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # ------------------------------------------------------------------ protocol
 
 
-def read_message(fd: int) -> dict | None:
+def read_message(fd: int) -> dict[str, Any] | None:
     header = _read_exact(fd, 4)
     if header is None:
         return None
@@ -56,7 +58,7 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def write_message(fd: int, message: dict) -> None:
+def write_message(fd: int, message: dict[str, Any]) -> None:
     body = json.dumps(message).encode()
     data = struct.pack(">I", len(body)) + body
     while data:
@@ -75,6 +77,7 @@ def run_snippet(code: str) -> int:
     try:
         tree = ast.parse(code, filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        assert last is None or isinstance(last, ast.Expr)
         exec(compile(tree, filename, "exec"), namespace)
         if last is not None:
             value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
@@ -104,7 +107,7 @@ def _print_snippet_traceback() -> None:
     traceback.print_exception(etype, value, tb)
 
 
-def child_main(setup: dict, code_r: int, out_w: int, err_w: int, scratch: str) -> None:
+def child_main(setup: dict[str, Any], code_r: int, out_w: int, err_w: int, scratch: str) -> None:
     """In the forked child: isolate, limit, drop privileges, wait for the code, run it, exit. Never returns."""
     try:
         os.setsid()  # own process group: the worker kills the whole group on timeout
@@ -170,7 +173,7 @@ class Pending:
     """A child forked ahead of time, set up and waiting for its code: forking a warm interpreter costs
     a few milliseconds, and this takes them off the path of the next call."""
 
-    def __init__(self, setup: dict) -> None:
+    def __init__(self, setup: dict[str, Any]) -> None:
         self.scratch = os.path.join(setup["scratch_root"], "call")
         os.makedirs(self.scratch, mode=0o700)
         if setup["uid"] is not None:
@@ -184,7 +187,7 @@ class Pending:
         for fd in (code_r, out_w, err_w):
             os.close(fd)
 
-    def run(self, code: str, setup: dict) -> dict:
+    def run(self, code: str, setup: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
         try:
             with os.fdopen(self.code_w, "wb") as pipe:
@@ -196,7 +199,7 @@ class Pending:
         return result
 
 
-def _supervise(pid: int, out_r: int, err_r: int, setup: dict, started: float) -> dict:
+def _supervise(pid: int, out_r: int, err_r: int, setup: dict[str, Any], started: float) -> dict[str, Any]:
     """Collect output until the child exits, the deadline passes or the output cap is hit."""
     limits = setup["limits"]
     deadline = started + setup["timeout_s"]
@@ -257,7 +260,7 @@ def _read_into(fd: int, buffer: bytearray, selector: selectors.BaseSelector | No
     return True
 
 
-def _classify(status: int, reason: str, limits: dict) -> dict:
+def _classify(status: int, reason: str, limits: dict[str, Any]) -> dict[str, Any]:
     """Map how the child ended to (status, reason, exit_code)."""
     if reason == "timeout":
         return {"status": "timeout", "reason": "wall-clock time limit exceeded", "exit_code": None}
@@ -269,7 +272,7 @@ def _classify(status: int, reason: str, limits: dict) -> dict:
         if sig == signal.SIGXCPU:
             return {"status": "timeout", "reason": "CPU time limit exceeded", "exit_code": None}
         name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        why = {signal.SIGXFSZ: " (file size limit)", signal.SIGSEGV: " (segmentation fault)"}.get(sig, "")
+        why = {int(signal.SIGXFSZ): " (file size limit)", int(signal.SIGSEGV): " (segmentation fault)"}.get(sig, "")
         return {"status": "killed", "reason": f"killed by signal {name}{why}", "exit_code": -sig}
     code = os.WEXITSTATUS(status)
     if code == 0:
@@ -331,7 +334,7 @@ def clean_scratch(roots: list[str]) -> None:
                     os.unlink(path)
 
 
-def _force_remove(func, path, _exc) -> None:
+def _force_remove(func: Callable[[str], object], path: str, _exc: object) -> None:
     with contextlib.suppress(OSError):
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o700)

@@ -20,13 +20,14 @@ import math
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from retool_cli.errors import DataError
 from retool_cli.eval.metrics import paired_difference
 from retool_cli.files import read_jsonl_log
 
 
-def collect(folders: list[Path]) -> list[dict]:
+def collect(folders: list[Path]) -> list[dict[str, Any]]:
     """results.json of each folder (searched recursively), in the order the folders are given."""
     runs = []
     for folder in folders:
@@ -45,7 +46,7 @@ def collect(folders: list[Path]) -> list[dict]:
     return runs
 
 
-def run_row(results: dict) -> dict:
+def run_row(results: dict[str, Any]) -> dict[str, Any]:
     """The fields of one run the report uses."""
     m, p = results["metrics"], results["protocol"]
     n = m["samples_per_problem"]
@@ -70,9 +71,9 @@ def run_row(results: dict) -> dict:
     }
 
 
-def group_rows(rows: list[dict]) -> list[dict]:
+def group_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One result per (setting, step), in the order the settings first appear, steps ascending."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["setting"], row["step"])].append(row)
     order = {setting: i for i, setting in reversed(list(enumerate(r["setting"] for r in rows)))}
@@ -109,7 +110,7 @@ def problem_accuracy(folder: str) -> dict[str, float]:
     return {problem: sum(v) / len(v) for problem, v in totals.items()}
 
 
-def paired_comparisons(groups: list[dict]) -> list[dict]:
+def paired_comparisons(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each result against the one before it on the same benchmark (the order of the folders given: SFT then RL),
     paired over the problems both sampled (a setting's seeds averaged per problem): B - A with its paired
     standard error, paired bootstrap interval and sign-flip p-value of "no difference" (eval/metrics.py)."""
@@ -140,9 +141,10 @@ def paired_comparisons(groups: list[dict]) -> list[dict]:
     return out
 
 
-def seed_of(row: dict) -> int | None:
+def seed_of(row: dict[str, Any]) -> int | None:
     """The seed that tells a sweep's runs apart: the training seed of the checkpoint, else the eval seed."""
-    return row["training_seed"] if row["training_seed"] is not None else row["seed"]
+    seed: int | None = row["training_seed"] if row["training_seed"] is not None else row["seed"]
+    return seed
 
 
 def label_of(paths: list[str]) -> str:

@@ -66,7 +66,7 @@ def training_step(path: str | None) -> int | None:
 # ------------------------------------------------------------------ samples on disk
 
 
-def read_samples(path: Path) -> list[dict]:
+def read_samples(path: Path) -> list[dict[str, Any]]:
     """Rows of samples.jsonl; a torn last line (a kill in mid-write) is cut off the file."""
     return read_jsonl_log(path, cut_torn_tail=True)
 
@@ -98,7 +98,9 @@ class SamplingPlan:
     per_problem_seeds: bool = False  # one problem per chunk, seeded by its id: any sharding samples the same
 
     @classmethod
-    def of(cls, cfg: RetoolConfig, rollout: RolloutConfig, per_batch: int, per_problem_seeds: bool = False):
+    def of(
+        cls, cfg: RetoolConfig, rollout: RolloutConfig, per_batch: int, per_problem_seeds: bool = False
+    ) -> SamplingPlan:
         return cls(rollout, cfg.reward, cfg.seed, cfg.context_tokens(), per_batch, per_problem_seeds)
 
 
@@ -111,7 +113,7 @@ def sample_problems(
     sandbox: CodeRunner | None,
     verifier: Judge,
     progress: Any = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Sample and judge every problem `plan.rollout.group_size` times, skipping chunks already in samples.jsonl.
 
     Seeds follow the chunk index, or with `plan.per_problem_seeds` (one problem per chunk) the problem id, so that
@@ -158,10 +160,10 @@ def _advance(progress: Any, n: int) -> None:
 
 
 def summarize(
-    rows: list[dict], problems: list[MathExample], n: int, verifier: Judge, bootstrap: int, seed: int
-) -> tuple[dict[str, Any], list[dict]]:
+    rows: list[dict[str, Any]], problems: list[MathExample], n: int, verifier: Judge, bootstrap: int, seed: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Benchmark metrics and the per-problem table from the sample rows."""
-    by_problem: dict[str, list[dict]] = {}
+    by_problem: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_problem.setdefault(row["problem_id"], []).append(row)
     missing = [p.id for p in problems if len(by_problem.get(p.id, [])) < n]
@@ -218,7 +220,7 @@ def dev_eval(
     folder: Path,
     engine: Engine,
     protocol: ToolProtocol,
-    runner: CodeRunner,
+    runner: CodeRunner | None,
     judge: Judge,
 ) -> dict[str, float]:
     """Train's periodic eval: this module on a slice of the dev split, with the benchmark's sampling settings."""

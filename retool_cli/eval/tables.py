@@ -4,6 +4,7 @@ seeds (eval/over_seeds.py computes them)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from retool_cli.eval.over_seeds import seed_of
 from retool_cli.files import atomic_open
@@ -13,7 +14,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-def markdown(rows: list[dict], groups: list[dict], pairs: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]], groups: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
     lines = [
         "## Results (mean over seeds)",
         "",
@@ -62,7 +63,7 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def plot(rows: list[dict], groups: list[dict], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], groups: list[dict[str, Any]], path: Path) -> None:
     """Accuracy per setting: against training step (one faint line per seed, the mean over seeds bold) where a
     setting has several steps, else one position per setting (each seed a faint dot); bars are ±1.96 se over
     seeds (over problems for a single run), clipped to [0, 100]. Beside it, format rate and code calls per run."""

@@ -74,7 +74,7 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
             )
     else:
         tokenizer_class = transformers.AutoTokenizer
-    tokenizer = tokenizer_class.from_pretrained(path)
+    tokenizer = tokenizer_class.from_pretrained(path)  # type: ignore[attr-defined]  # checked above
     if cfg.chat_template:
         template = Path(cfg.chat_template)
         if not template.is_file():
@@ -92,7 +92,7 @@ def load_model(cfg: ModelConfig) -> Any:
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(model_path(cfg), dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path(cfg), dtype=dtype)
     return model.to(device)
 
 
@@ -124,7 +124,7 @@ def apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None = None) -> Any
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
     config = LoraConfig(
         r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
+        lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]  # peft says int; a float scale works
         lora_dropout=cfg.lora_dropout,
         target_modules=list(cfg.lora_target_modules),
         task_type="CAUSAL_LM",

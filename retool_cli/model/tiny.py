@@ -15,6 +15,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Protocol tags as single (non-special) tokens: they decode as text and the model can learn them cheaply.
@@ -68,7 +69,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("RETOOL_CACHE", Path.home() / ".cache" / "retool"))
 
 
-def tiny_model_path(spec: dict | None = None) -> Path:
+def tiny_model_path(spec: dict[str, Any] | None = None) -> Path:
     """The folder of the tiny model and tokenizer, built on first use (a few seconds)."""
     spec = {**TINY_SPEC, **(spec or {})}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -107,7 +108,7 @@ def training_corpus(seed: int, n: int = 1800) -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int, seed: int):
+def build_tokenizer(vocab_size: int, seed: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -136,7 +137,7 @@ def build_tokenizer(vocab_size: int, seed: int):
     return hf
 
 
-def build_model(tokenizer, spec: dict):
+def build_model(tokenizer: Any, spec: dict[str, Any]) -> Any:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 

@@ -53,17 +53,17 @@ def training_series(runs: list[dict[str, Any]], key: str) -> list[Series]:
     series = []
     for index, members in enumerate(settings.values()):
         color = PALETTE[index % len(PALETTE)]
-        lines = []
+        lines: list[list[tuple[float, float]]] = []
         for run in members:
             points = [(r["step"], metric_value(r, key)) for r in run["metrics"] if "step" in r]
-            lines.append([(x, y) for x, y in points if y is not None])
+            lines.append([(x, y) for x, y in points if y is not None])  # (step, value)
         label = label_of([run["folder"] for run in members])  # the folder, or a sweep's folders as seed_*
         if len(members) == 1:
             series.append(Series(label, lines[0], color))
             continue
-        for run, points in zip(members, lines, strict=True):
-            series.append(Series(f"seed {run['provenance'].get('seed')}", points, color, faint=True))
-        common = set.intersection(*(set(x for x, _ in points) for points in lines))
+        for run, line in zip(members, lines, strict=True):
+            series.append(Series(f"seed {run['provenance'].get('seed')}", line, color, faint=True))
+        common = set.intersection(*(set(x for x, _ in line) for line in lines))
         mean = [(x, sum(dict(p)[x] for p in lines) / len(lines)) for x in sorted(common)]
         series.append(Series(f"{label} (mean of {len(members)} seeds)", mean, color))
     return series

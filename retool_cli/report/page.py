@@ -70,9 +70,9 @@ def write_report(
     path = out / "report.html"
     with atomic_open(path) as handle:
         handle.write(html)
-    shown = sum(c["shown"] for c in counts.values())
+    in_page = sum(c["shown"] for c in counts.values())
     total = sum(c["total"] for c in counts.values())
-    return path, f"{len(runs)} runs, {shown} of {total} trajectories in the page, {len(html) / 1e6:.1f} MB"
+    return path, f"{len(runs)} runs, {in_page} of {total} trajectories in the page, {len(html) / 1e6:.1f} MB"
 
 
 def _comparison(
@@ -114,7 +114,7 @@ def _comparison(
             for run, acc in ((a, "acc_a"), (b, "acc_b"))
         ]
         pairs[problem] = [
-            trim(dict(load_rows(files[run["id"]], [pick])[0], run=run["id"]), max_chars)
+            trim(dict(load_rows(files[run["id"]], [pick])[0], run=run["id"]), max_chars) if pick else None
             for pick, run in zip(picks, (a, b), strict=True)
         ]
     d = paired_difference({r["problem_id"]: r["acc_a"] for r in rows}, {r["problem_id"]: r["acc_b"] for r in rows})

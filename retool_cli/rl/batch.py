@@ -24,13 +24,15 @@ class Batch:
         self.check()
 
     def __len__(self) -> int:
-        for value in (*self.tensors.values(), *self.objects.values()):
-            return len(value)
+        for tensor in self.tensors.values():
+            return len(tensor)
+        for objects in self.objects.values():
+            return len(objects)
         return 0
 
     def check(self) -> None:
         """Every field has the same number of samples."""
-        sizes = {name: len(value) for name, value in (*self.tensors.items(), *self.objects.items())}
+        sizes = {name: len(t) for name, t in self.tensors.items()} | {name: len(o) for name, o in self.objects.items()}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"batch fields disagree on the number of samples: {sizes}")
 
@@ -68,7 +70,7 @@ class Batch:
         tensors = {name: _cat_padded([b.tensors[name] for b in batches]) for name in names}
         objects = {name: [o for b in batches for o in b.objects[name]] for name in batches[0].objects}
         meta = dict(batches[0].meta)
-        merged: dict[str, list] = {}
+        merged: dict[str, list[Any]] = {}
         for b in batches:
             for key, value in b.meta.get("metrics", {}).items():
                 merged.setdefault(key, []).extend(value if isinstance(value, list) else [value])

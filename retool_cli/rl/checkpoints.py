@@ -18,11 +18,11 @@ from retool_cli.model.loading import is_lora, merged_state_dict
 from retool_cli.rl.distributed import load_optimizer_state
 
 
-def rng_state() -> dict:
+def rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -35,9 +35,9 @@ def save_checkpoint(
     tokenizer: Any,
     optimizer: Any,
     scheduler: Any,
-    state: dict,
+    state: dict[str, Any],
     keep_last: int,
-    full: tuple[dict | None, dict | None] = (None, None),
+    full: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
 ) -> Path:
     """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
     in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
@@ -74,8 +74,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any) -> dict:
-    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
     load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
@@ -89,7 +89,11 @@ class MetricsLog:
     """metrics.jsonl (always); TensorBoard and W&B when configured (trainer.tensorboard, trainer.wandb_project)."""
 
     def __init__(
-        self, run_dir: Path, tensorboard: bool = False, wandb_project: str | None = None, config: dict | None = None
+        self,
+        run_dir: Path,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.rollouts_path = run_dir / "rollouts.jsonl"
@@ -114,7 +118,7 @@ class MetricsLog:
                 f"{exc.name} is not installed: pip install -e '.[{'wandb' if wandb_project else 'tensorboard'}]'"
             ) from exc
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         return read_jsonl_log(self.path)
 
     def truncate_after(self, step: int) -> None:
@@ -124,7 +128,7 @@ class MetricsLog:
             if path.exists():
                 write_jsonl(path, [row for row in read_jsonl_log(path) if row["step"] <= step])
 
-    def write(self, row: dict, rollouts: list[dict] | None = None) -> None:
+    def write(self, row: dict[str, Any], rollouts: list[dict[str, Any]] | None = None) -> None:
         """A step's metrics, and the trajectories kept of it (each tagged with the step) in rollouts.jsonl."""
         if rollouts:
             append_jsonl(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
@@ -137,7 +141,7 @@ class MetricsLog:
             self.wandb.log(scalars, step=row["step"])
 
 
-def plot_metrics(rows: list[dict], keys: list[str], path: Path) -> None:
+def plot_metrics(rows: list[dict[str, Any]], keys: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

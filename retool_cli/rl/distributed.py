@@ -136,7 +136,7 @@ def shard(model: Any) -> None:
         module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)
 
 
-def _units(model: Any) -> list:
+def _units(model: Any) -> list[Any]:
     from torch.distributed.fsdp import FSDPModule
 
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -164,7 +164,7 @@ def grad_norm(norm: torch.Tensor) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def full_state(model: Any, optimizer: Any) -> tuple[dict | None, dict | None]:
+def full_state(model: Any, optimizer: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Under FSDP2: the whole model and optimizer state, gathered to CPU on rank 0 (a collective; other
     ranks get empty dicts). (None, None) otherwise: the caller uses the objects' own state_dict()."""
     if not is_sharded(model):
@@ -179,7 +179,7 @@ def full_state(model: Any, optimizer: Any) -> tuple[dict | None, dict | None]:
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def load_optimizer_state(model: Any, optimizer: Any, state: dict) -> None:
+def load_optimizer_state(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
     """Load a full optimizer state (as saved by rank 0): each process keeps its shard under FSDP2."""
     if not is_sharded(model):
         optimizer.load_state_dict(state)

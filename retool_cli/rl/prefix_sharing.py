@@ -34,7 +34,8 @@ def response_logits(
     """Logits predicting each response token (B, R, V), R the longest response; row b's positions past its
     length are padding."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.lm_head(response_hidden(model, prompts, responses, pad_id, device))
+    logits: torch.Tensor = base.lm_head(response_hidden(model, prompts, responses, pad_id, device))
+    return logits
 
 
 def response_hidden(
@@ -78,7 +79,8 @@ def response_hidden(
         hidden_r = hidden_r + layer.mlp(layer.post_attention_layernorm(hidden_r))
     # The first response token is predicted at the prompt's last position (left padding puts it last).
     last = torch.cat([hidden_p[:, -1].index_select(0, group)[:, None], hidden_r[:, :-1]], dim=1)  # (B, R, C)
-    return inner.norm(last)
+    hidden: torch.Tensor = inner.norm(last)
+    return hidden
 
 
 def _projected(attn: Any, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -52,11 +52,14 @@ class StepPlan:
 
 
 def rollout_batch(
-    trajectories: list[Trajectory], rewards: torch.Tensor, scores: list | None = None, metrics: dict | None = None
+    trajectories: list[Trajectory],
+    rewards: torch.Tensor,
+    scores: list[Any] | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> Batch:
     """The envelope of a rollout round for the update: per sample its trajectory (and reward score) and its
     reward (N,); the round's rollout metrics in meta."""
-    objects: dict[str, list] = {"trajectory": trajectories}
+    objects: dict[str, list[Any]] = {"trajectory": trajectories}
     if scores is not None:
         objects["score"] = scores
     return Batch({"reward": rewards.to(torch.float32)}, objects, {"metrics": metrics or {}})
@@ -247,6 +250,7 @@ def _micro_loss(
     )
     if t.loss_agg is not LossAgg.token_mean:  # per-sequence means: weight micro-batches by their share
         loss = loss * len(micro) / mini_size
+    assert entropy is not None  # asked for above ("loss" or "metric")
     entropy_sum = (entropy * mask).sum()
     sums = {"entropy_sum": float(entropy_sum.detach()), "entropy_tokens": float(mask.sum())}
     if t.entropy_coef > 0:  # a bonus on the token-mean entropy of the model's tokens
@@ -305,7 +309,7 @@ def _equalized(groups: list[list[int]], model: Any) -> list[list[int]]:
     return groups + [[] for _ in range(equal_count(len(groups)) - len(groups))]
 
 
-def step_metrics(batch: Batch, timings: dict, device: torch.device | None = None) -> dict:
+def step_metrics(batch: Batch, timings: dict[str, Any], device: torch.device | None = None) -> dict[str, Any]:
     """What a step logs: reward components, rollout metrics, accuracy, code use, phase times, and on CUDA the
     peak GPU memory so far."""
     trajectories, scores = batch.objects["trajectory"], batch.objects["score"]
@@ -322,7 +326,7 @@ def step_metrics(batch: Batch, timings: dict, device: torch.device | None = None
     return out
 
 
-def kept_rollouts(batch: Batch, count: int, seed: int) -> list[dict]:
+def kept_rollouts(batch: Batch, count: int, seed: int) -> list[dict[str, Any]]:
     """Up to `count` of a step's trajectories as rows for rollouts.jsonl (`retool report` browses them): half
     right and half wrong where the step has both, picked with their own seeded generator (the run's random
     streams are untouched)."""

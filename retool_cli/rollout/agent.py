@@ -38,7 +38,9 @@ class Trajectory:
     response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
     turns: int = 0  # generation segments
     code_calls: list[str] = field(default_factory=list)  # code sent to the sandbox
-    tool_results: list[dict] = field(default_factory=list)  # status, reason, duration_s, text shown to the model
+    tool_results: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # status, reason, duration_s, text shown to the model
     invalid_calls: int = 0
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "tool", decoded text), in order
     stop_reason: str = ""  # one of STOP_REASONS once finished
@@ -62,7 +64,7 @@ class Trajectory:
         return Response(self.final_text, self.example.answer, self.truncated, len(self.response_ids))
 
 
-def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict:
+def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict[str, Any]:
     """One judged trajectory as samples.jsonl (eval) and rollouts.jsonl (train) keep it: what `summarize` and
     `retool report` read. `seed`: the sampling seed (eval). `segments`: ["model" | "tool", text] in order
     (tool: the interpreter's output as the model saw it)."""
@@ -126,14 +128,15 @@ def run_rollouts(
         [trajectories[0::2], trajectories[1::2]] if cfg.overlap_sandbox and sandbox is not None else [trajectories]
     )
     with ThreadPoolExecutor(1, thread_name_prefix="tools") as tools:
-        pending: list[Future | None] = [None] * len(cohorts)
+        pending: list[Future[Any] | None] = [None] * len(cohorts)
         step = 0
         while True:
             progressed = False
             for c, cohort in enumerate(cohorts):
-                if pending[c] is not None:  # this cohort's code ran while the other cohort generated
+                future = pending[c]
+                if future is not None:  # this cohort's code ran while the other cohort generated
                     started = time.perf_counter()
-                    done = pending[c].result()
+                    done = future.result()
                     loop.wait_tools_s += time.perf_counter() - started
                     loop.apply_tool_results(done)
                     pending[c] = None
@@ -222,8 +225,9 @@ class _Loop:
     def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, Any, str]]:
         """Run the batch's code concurrently; returns (job, ExecResult or None, text for the model)."""
         codes = [job.code for job in jobs if job.code is not None]
-        results = iter(self.sandbox.run_many(codes) if codes else [])
-        out = []
+        assert self.sandbox is not None or not codes  # a call is parsed only where a protocol has a tool
+        results = iter(self.sandbox.run_many(codes) if self.sandbox is not None and codes else [])
+        out: list[tuple[_ToolJob, Any, str]] = []
         for job in jobs:
             if job.code is None:
                 out.append((job, None, job.error))
@@ -234,6 +238,8 @@ class _Loop:
         return out
 
     def _check_sandbox_health(self) -> None:
+        if self.sandbox is None:
+            return
         stats = self.sandbox.stats()
         if stats["calls"] >= 8 and stats["infra_error_rate"] > self.cfg.max_sandbox_infra_error_rate:
             raise SandboxError(

@@ -29,10 +29,10 @@ class HFEngine:
         the model's own forward with transformers' cache."""
         self.accelerate = accelerate
         self.copied = dtype is not None and dtype != next(model.parameters()).dtype
-        if self.copied:
+        if dtype is not None and self.copied:
             model = _cast_copy(model, dtype)
         self.model = model
-        self.pack_cache: dict = {}  # KVDecoder's prepacked weights, kept while the weights are unchanged
+        self.pack_cache: dict[str, Any] = {}  # KVDecoder's prepacked weights, kept while the weights are unchanged
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos_ids = eos if isinstance(eos, list) else [eos]
@@ -55,7 +55,8 @@ class HFEngine:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        device: torch.device = next(self.model.parameters()).device
+        return device
 
     @torch.inference_mode()
     def generate(
@@ -71,7 +72,9 @@ class HFEngine:
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompts, max_new_tokens, stop_strings, sampling) -> list[Generation]:
+    def _generate(
+        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+    ) -> list[Generation]:
         device = self.device
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stopper = _StopChecker(self.tokenizer, stop_strings)

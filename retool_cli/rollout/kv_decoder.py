@@ -63,11 +63,11 @@ def _pack(modules: list[torch.nn.Linear], rows: int) -> tuple[torch.Tensor, torc
     `rows` is the batch size the layout is tuned for (any size works)."""
     weight = torch.cat([m.weight.detach() for m in modules])
     biases = [m.bias for m in modules]
-    bias = None if biases[0] is None else torch.cat(biases).detach()
+    bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None]).detach()
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
 
 
-def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, torch.Tensor | None], tuple]:
+def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, torch.Tensor | None], tuple[Any, ...]]:
     """Per layer the packed projections and the norm weights the numba kernels take; the packed lm_head; the
     final norm's weights."""
     rows = 32  # the decode batch of a GRPO step, roughly; only tunes the layout
@@ -87,7 +87,8 @@ def _pack_model(model: Any) -> tuple[list[dict[str, Any]], tuple[torch.Tensor, t
 
 
 def _linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed[0], packed[1], "none", [], "")
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed[0], packed[1], "none", [], "")
+    return out
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
@@ -152,7 +153,8 @@ class HFCacheDecoder:
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         self.cache, self.attention = out[self.cache_arg], mask
-        return out.logits[:, -1].float()
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
@@ -171,11 +173,12 @@ class HFCacheDecoder:
             **{self.cache_arg: self.cache},
         )
         self.cache = out[self.cache_arg]
-        return out.logits[:, -1].float()
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits
 
 
 class KVDecoder:
-    def __init__(self, model: Any, pack_cache: dict | None = None) -> None:
+    def __init__(self, model: Any, pack_cache: dict[str, Any] | None = None) -> None:
         """`pack_cache`: a dict the caller keeps between calls, so the prepacked weights are rebuilt only when
         a parameter's version counter moved (in-place updates) or the caller cleared it (HFEngine.update_weights,
         after every optimizer step: some writes, such as FSDP2's all-gathers, keep the counters)."""
@@ -279,6 +282,7 @@ class KVDecoder:
     def _fused_step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`step` on the CPU fp32 path: the projections as prepacked oneDNN GEMMs, the rest of each layer in
         two numba kernels working in place on numpy views of the same tensors (the cache included)."""
+        assert self.rope_table is not None and self.lm_head is not None and self.final_norm is not None  # packed
         rows, dim = len(ids), self.head_dim
         hidden = F.embedding(ids, self.inner.embed_tokens.weight.detach()).numpy()  # (B, C), updated in place
         normed = torch.empty(hidden.shape, dtype=torch.float32)  # each RMSNorm's output: the next GEMM's input
@@ -376,7 +380,7 @@ def _norm_arrays(norm: Any) -> tuple[np.ndarray, float]:
     return norm.weight.detach().clone().numpy(), float(norm.variance_epsilon)
 
 
-def _layer_norms(layer: Any) -> dict[str, tuple]:
+def _layer_norms(layer: Any) -> dict[str, tuple[Any, ...]]:
     """A layer's RMSNorm weights and epsilons as numpy copies, for the numba kernels; "qk": Qwen3's per-head
     q and k norm weights and their epsilon, or empty arrays."""
     attn = layer.self_attn

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -144,7 +144,8 @@ class VLLMEngine:
         if self.on_cpu:
             torch.set_num_threads(1)
         try:
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            requests = [cast(TokensPrompt, {"prompt_token_ids": p}) for p in prompts]  # the other keys are optional
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
             torch.set_num_threads(threads)
         return [_to_generation(out.outputs[0]) for out in outputs]
