@@ -91,6 +91,7 @@ def multiturn(model, tokenizer) -> None:
     from retool_cli.data.dataset import MathExample
     from retool_cli.env.protocol import TaggedProtocol
     from retool_cli.env.sandbox import Sandbox
+    from retool_cli.env.tools import CodeInterpreter
     from retool_cli.rollout.agent import run_rollouts
     from retool_cli.rollout.hf_engine import HFEngine
 
@@ -101,11 +102,10 @@ def multiturn(model, tokenizer) -> None:
         for overlap in (False, True, False, True):
             cfg = RolloutConfig(group_size=8, max_response_tokens=400, max_tokens_per_turn=100, overlap_sandbox=overlap)
             started = time.perf_counter()
-            trajectories, metrics = run_rollouts(
-                examples, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512
-            )
+            tools = [CodeInterpreter(sandbox, tokenizer, cfg)]
+            trajectories, metrics = run_rollouts(examples, engine, protocol, tools, cfg, seed=0, max_context_tokens=512)
             elapsed = time.perf_counter() - started
-            assert all(len(t.code_calls) == 2 for t in trajectories)
+            assert all(len(t.tool_calls) == 2 for t in trajectories)
             print(
                 f"multi-turn, overlap_sandbox={overlap!s:<5}: {len(trajectories) / elapsed:5.1f} trajectories/s "
                 f"({elapsed:.2f} s for {len(trajectories)}, 2 code calls each; waited on sandbox "

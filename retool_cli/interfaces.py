@@ -7,7 +7,7 @@ that an implementation and its callers import this module, not each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 # ------------------------------------------------------------------ values
@@ -34,10 +34,21 @@ class Generation:
 
 @dataclass
 class ToolCall:
-    """What a ToolProtocol reads from a finished segment."""
+    """What a ToolProtocol reads from a finished segment: the tool called and its arguments, or (name None) why
+    the call is malformed, phrased for the model."""
 
-    code: str | None  # the code to run, or None when the call is malformed
-    error: str = ""  # what is wrong with a malformed call, phrased for the model
+    name: str | None
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass
+class ToolOutput:
+    """What a Tool returns for one call."""
+
+    text: str  # what the model reads (the protocol wraps it as a tool result; never a special token)
+    status: str  # ok, or the tool's word for what went wrong (the interpreter's: error | timeout | killed)
+    record: dict[str, Any] = field(default_factory=dict)  # what a trajectory keeps of the call (reason, duration_s)
 
 
 @dataclass
@@ -96,6 +107,26 @@ class ToolProtocol(Protocol):
 
     def result_ids(self, result_text: str) -> list[int]:
         """The interpreter's output as the tokens appended after the segment (masked out of the loss)."""
+
+
+class Tool(Protocol):
+    """One tool the model may call: the code interpreter (env/tools.py) is the first. A protocol renders its
+    schema and parses calls of it by name; the agent loop runs a round's calls of it together."""
+
+    name: str  # what the model calls it (the schema's function name)
+    schema: dict[str, Any]  # an OpenAI function schema: what a chat template's tools section renders
+
+    def run_many(self, calls: list[dict[str, Any]]) -> list[ToolOutput]:
+        """Run each call's arguments; outputs in input order. May raise to stop the batch (a broken tool)."""
+
+    def reset(self) -> None:
+        """Start a batch: forget what `metrics` and health checks counted."""
+
+    def row(self, outputs: list[ToolOutput]) -> dict[str, float]:
+        """What one trajectory's row says of its calls of this tool (the interpreter: code_calls, code_errors...)."""
+
+    def metrics(self, outputs: list[ToolOutput], trajectories: int) -> dict[str, float]:
+        """The batch's metrics of this tool over all its calls (the interpreter: rollout/code_calls ...)."""
 
 
 class CodeRunner(Protocol):

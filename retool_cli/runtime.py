@@ -18,8 +18,9 @@ import torch
 from retool_cli.config import ProtocolName, RetoolConfig, RolloutEngine
 from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
+from retool_cli.env.tools import CodeInterpreter
 from retool_cli.eval.sampling import resolve_checkpoint
-from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
+from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
 from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
 from retool_cli.run_keys import find_resumable, write_key
@@ -90,7 +91,7 @@ class Runtime:
     tokenizer: Any
     protocol: ToolProtocol
     engine: Engine
-    sandbox: CodeRunner | None  # None with protocol=none (no tool to run)
+    tools: list[Tool]  # the tools the protocol's calls name: the code interpreter; none with protocol=none
     judge: Judge
 
 
@@ -99,7 +100,8 @@ def open_runtime(
     config: RetoolConfig, tokenizer: Any, protocol: ToolProtocol, policy: Any = None, weights: str | None = None
 ) -> Iterator[Runtime]:
     """The engine (sampling from `policy`; for a command that only samples, the model is loaded here, and vLLM
-    loads `weights` itself), the sandbox when the protocol calls tools, and the judge's worker processes."""
+    loads `weights` itself), the tools when the protocol calls them (the code interpreter, over the sandbox), and the
+    judge's worker processes."""
     if policy is None and config.rollout.engine is not RolloutEngine.vllm:
         from retool_cli.model.loading import load_model
 
@@ -107,6 +109,9 @@ def open_runtime(
     engine = build_engine(config, policy, tokenizer, weights=weights)
     with contextlib.ExitStack() as stack:
         use_tool = config.protocol.name is not ProtocolName.none
-        sandbox = stack.enter_context(Sandbox(config.sandbox)) if use_tool else None
+        tools: list[Tool] = []
+        if use_tool:
+            sandbox = stack.enter_context(Sandbox(config.sandbox))
+            tools.append(CodeInterpreter(sandbox, tokenizer, config.rollout))
         judge = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
-        yield Runtime(tokenizer, protocol, engine, sandbox, judge)
+        yield Runtime(tokenizer, protocol, engine, tools, judge)

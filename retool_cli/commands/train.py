@@ -107,7 +107,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         open_runtime(config, tokenizer, protocol, policy=model, weights=source) as rt,
         Progress(console=Console(stderr=True)) as progress,
     ):
-        engine, sandbox, verifier = rt.engine, rt.sandbox, rt.judge
+        engine, tools, verifier = rt.engine, rt.tools, rt.judge
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
         engine.update_weights(model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
@@ -115,7 +115,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
             with timer("rollout_s"), weights_for(config, model):
-                batch, cursor = collect(plan, examples, cursor, step, engine, protocol, sandbox, verifier)
+                batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
             engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
                 stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
@@ -128,10 +128,10 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                     if rank == 0:
                         folder = out_dir / "evals" / f"step_{step}"
                         row.update(
-                            dev_eval(config, dev_split[: t.eval_problems], folder, engine, protocol, sandbox, verifier)
+                            dev_eval(config, dev_split[: t.eval_problems], folder, engine, protocol, tools, verifier)
                         )
             if rank == 0:
-                metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step))
+                metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, tools))
             progress.update(
                 task,
                 completed=step,

@@ -180,11 +180,11 @@ def _tagged_segments(content: str, where: str) -> list[tuple[str, str]]:
     at = 0
     for step in _TAGGED_STEP.finditer(content):
         call = parse_tagged_call(step.group(0)[: step.group(0).rfind("</code>") + len("</code>")])
-        if call.code is None:
+        if call.name is None:
             raise DataError(f"{where}: {call.error}")
         if step.group(2) is None and step.end() < len(content.rstrip()):
             raise DataError(f"{where}: a <code> block without an <interpreter> result after it")
-        segments += [("model", content[at : step.start()]), ("call", call.code)]
+        segments += [("model", content[at : step.start()]), ("call", call.arguments["code"])]
         if step.group(2) is not None:
             segments.append(("tool", step.group(2)))
         at = step.end()

@@ -4,8 +4,9 @@ Three protocols, one interface (`prompt_ids`, `stop_strings`, `parse_call`, `res
 
 - `retool_tags` (the paper's): the model writes <code>```python ...```</code>; generation stops at
   </code>; the result is appended as <interpreter>...</interpreter> and the same assistant turn goes on.
-- `chat_tool`: native tool calling through the tokenizer's chat template, one tool
-  `code_interpreter(code)`, Hermes/Qwen2.5/Qwen3 JSON calls or Qwen3-Coder XML-parameter calls. Only new
+- `chat_tool`: native tool calling through the tokenizer's chat template: the run's tools (env/tools.py; the
+  code interpreter `code_interpreter(code)` unless told otherwise) in its tools section, Hermes/Qwen2.5/Qwen3
+  JSON calls or Qwen3-Coder XML-parameter calls of any of them by name. Only new
   segments are rendered (close of the turn, tool message, next assistant header), from a template probed once
   with placeholders; a template that rewrites earlier turns (Qwen3's <think> blocks) follows
   protocol.template_policy (append, or refuse).
@@ -26,19 +27,7 @@ from retool_cli.config import ProtocolConfig, ProtocolName, TemplatePolicy
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.interfaces import ToolCall
 
-TOOL_NAME = "code_interpreter"
-TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Run Python code in a fresh interpreter and return what it prints.",
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "Python source; print what you need."}},
-            "required": ["code"],
-        },
-    },
-}
+INTERPRETER = "code_interpreter"  # the tool the tagged format calls, and SFT traces' calls (env/tools.py)
 PROTOCOL_TAGS = [
     "<code>",
     "</code>",
@@ -108,21 +97,25 @@ def _code_from_block(block: str) -> str:
 
 
 def parse_tagged_call(turn_text: str) -> ToolCall:
-    """The code of the last <code>...</code> block of a turn that stopped at </code>."""
+    """The interpreter call of the last <code>...</code> block of a turn that stopped at </code>."""
     start = turn_text.rfind("<code>")
     end = turn_text.rfind("</code>")
     if start < 0 or end < start:
-        return ToolCall(None, "Error: a code block must start with <code> and end with </code>.")
+        return ToolCall(None, error="Error: a code block must start with <code> and end with </code>.")
     code = _code_from_block(turn_text[start + len("<code>") : end])
-    return ToolCall(code) if code.strip() else ToolCall(None, "Error: the code block is empty.")
+    if not code.strip():
+        return ToolCall(None, error="Error: the code block is empty.")
+    return ToolCall(INTERPRETER, {"code": code})
 
 
-def parse_chat_call(turn_text: str) -> ToolCall:
-    """A Hermes JSON or Qwen3-Coder XML-parameter call of code_interpreter, from a turn ending in </tool_call>."""
+def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
+    """A Hermes JSON or Qwen3-Coder XML-parameter call of one of the tools of `schemas`, from a turn ending in
+    </tool_call>: its name known, each required string argument a non-empty string (a markdown fence around
+    one is taken off)."""
     start = turn_text.rfind("<tool_call>")
     end = turn_text.rfind("</tool_call>")
     if start < 0 or end < start:
-        return ToolCall(None, "Error: a tool call must be wrapped in <tool_call>...</tool_call>.")
+        return ToolCall(None, error="Error: a tool call must be wrapped in <tool_call>...</tool_call>.")
     body = turn_text[start + len("<tool_call>") : end].strip()
     xml = _XML_CALL.search(body)
     if xml:
@@ -132,21 +125,33 @@ def parse_chat_call(turn_text: str) -> ToolCall:
         try:
             call = json.loads(body)
         except json.JSONDecodeError as exc:
-            return ToolCall(None, f"Error: the tool call is not valid JSON ({exc.msg}).")
+            return ToolCall(None, error=f"Error: the tool call is not valid JSON ({exc.msg}).")
         if not isinstance(call, dict):
-            return ToolCall(None, "Error: the tool call must be a JSON object with name and arguments.")
+            return ToolCall(None, error="Error: the tool call must be a JSON object with name and arguments.")
         name, arguments = call.get("name"), call.get("arguments", {})
-        if isinstance(arguments, str):  # some models double-encode the arguments
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                arguments = {"code": arguments}
-    if name != TOOL_NAME:
-        return ToolCall(None, f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}.")
-    code = arguments.get("code") if isinstance(arguments, dict) else None
-    if not isinstance(code, str) or not code.strip():
-        return ToolCall(None, f"Error: {TOOL_NAME} needs a non-empty string argument 'code'.")
-    return ToolCall(_code_from_block(code) if "```" in code else code)
+    functions = {schema["function"]["name"]: schema["function"] for schema in schemas}
+    if name not in functions:
+        known = (
+            f"the only tool is {next(iter(functions))}"
+            if len(functions) == 1
+            else f"the tools are {', '.join(functions)}"
+        )
+        return ToolCall(None, error=f"Error: unknown tool {name!r}; {known}.")
+    required = [key for key in functions[name]["parameters"].get("required", [])]
+    if isinstance(arguments, str):  # some models double-encode the arguments; a plain string is the one argument
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = {required[0]: arguments} if len(required) == 1 else arguments
+    if not isinstance(arguments, dict):
+        arguments = {}
+    for key in required:
+        value = arguments.get(key)
+        if not isinstance(value, str) or not value.strip():
+            return ToolCall(None, error=f"Error: {name} needs a non-empty string argument {key!r}.")
+        if "```" in value:
+            arguments = {**arguments, key: _code_from_block(value)}
+    return ToolCall(name, arguments)
 
 
 # ------------------------------------------------------------------ the protocols
@@ -189,9 +194,19 @@ class ChatToolProtocol:
 
     _CODE, _RESULT, _TEXT = "RETOOL_PLACEHOLDER_CODE_7f3a", "RETOOL_PLACEHOLDER_RESULT_7f3a", "RETOOL_TEXT_7f3a"
 
-    def __init__(self, tokenizer: Any, system_prompt: str, policy: TemplatePolicy = TemplatePolicy.append) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        system_prompt: str,
+        policy: TemplatePolicy = TemplatePolicy.append,
+        schemas: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`schemas`: the tools' function schemas the template renders (None: the code interpreter's alone)."""
+        from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA  # tools.py formats results with this module
+
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.schemas = schemas if schemas is not None else [CODE_INTERPRETER_SCHEMA]
         self.stop_strings = ["</tool_call>"]
         self.policy = policy
         self._call, self._json_code, self._before, self._after = self._probe_template()
@@ -202,7 +217,7 @@ class ChatToolProtocol:
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                messages, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tools=self.schemas, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         )
 
@@ -260,7 +275,7 @@ class ChatToolProtocol:
         return self._call.replace(self._CODE, escaped)
 
     def parse_call(self, turn_text: str) -> ToolCall:
-        return parse_chat_call(turn_text)
+        return parse_chat_call(turn_text, self.schemas)
 
     def result_ids(self, result_text: str) -> list[int]:
         return list(self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False))
@@ -268,7 +283,7 @@ class ChatToolProtocol:
 
 def tool_call(code: str) -> dict[str, Any]:
     """An OpenAI-style tool call of the interpreter, as chat messages carry it."""
-    return {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": code}}}
+    return {"type": "function", "function": {"name": INTERPRETER, "arguments": {"code": code}}}
 
 
 def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
@@ -276,9 +291,12 @@ def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def build_protocol(cfg: ProtocolConfig, tokenizer: Any) -> TaggedProtocol | ChatToolProtocol:
+def build_protocol(
+    cfg: ProtocolConfig, tokenizer: Any, schemas: list[dict[str, Any]] | None = None
+) -> TaggedProtocol | ChatToolProtocol:
+    """The protocol `cfg` names; `schemas`: the tools chat_tool renders (None: the code interpreter)."""
     if cfg.name is ProtocolName.chat_tool:
-        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt, cfg.template_policy)
+        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt, cfg.template_policy, schemas)
     if cfg.name is ProtocolName.none:
         return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
     return TaggedProtocol(tokenizer, cfg.system_prompt)

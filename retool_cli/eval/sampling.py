@@ -23,7 +23,7 @@ from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due
 from retool_cli.files import append_jsonl, read_jsonl_log
-from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
+from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
 from retool_cli.rl.checkpoints import latest_checkpoint
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts, sample_row
 
@@ -110,7 +110,7 @@ def sample_problems(
     plan: SamplingPlan,
     engine: Engine,
     protocol: ToolProtocol,
-    sandbox: CodeRunner | None,
+    tools: list[Tool],
     verifier: Judge,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
@@ -139,10 +139,10 @@ def sample_problems(
             continue
         seed = plan.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
         trajectories, _ = run_rollouts(
-            chunk, engine, protocol, sandbox, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
+            chunk, engine, protocol, tools, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
-        rows = [sample_row(t, s, seed) for t, s in zip(trajectories, scores, strict=True)]
+        rows = [sample_row(t, s, seed, tools) for t, s in zip(trajectories, scores, strict=True)]
         # a chunk torn in mid-append is redone whole (the same seed: the same samples); write only what is missing
         append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
         written += 1
@@ -220,13 +220,13 @@ def dev_eval(
     folder: Path,
     engine: Engine,
     protocol: ToolProtocol,
-    runner: CodeRunner | None,
+    tools: list[Tool],
     judge: Judge,
 ) -> dict[str, float]:
     """Train's periodic eval: this module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
     plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
-    rows = sample_problems(problems, folder, plan, engine, protocol, runner, judge)
+    rows = sample_problems(problems, folder, plan, engine, protocol, tools, judge)
     n = config.benchmark.n_samples
     metrics, _ = summarize(rows, problems, n, judge, config.eval.bootstrap, config.seed)
     return {

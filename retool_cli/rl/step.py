@@ -20,7 +20,7 @@ import torch
 from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RewardControl, RolloutConfig, TrainerConfig
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import reward_metrics, score_batch
-from retool_cli.interfaces import CodeRunner, Engine, Judge, ToolProtocol
+from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
 from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss, shuffled_rewards
 from retool_cli.rl.batch import Batch
 from retool_cli.rl.distributed import (
@@ -72,7 +72,7 @@ def collect(
     step: int,
     engine: Engine,
     protocol: ToolProtocol,
-    sandbox: CodeRunner | None,
+    tools: list[Tool],
     verifier: Judge,
 ) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
@@ -86,7 +86,7 @@ def collect(
         cursor += t.questions_per_step
         seed = plan.seed * 1_000_003 + step * 16 + round_index + rank * 7919
         got, metrics = run_rollouts(
-            questions, engine, protocol, sandbox, plan.rollout, seed=seed, max_context_tokens=plan.max_context_tokens
+            questions, engine, protocol, tools, plan.rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
         started = time.perf_counter()
         scores = score_batch([x.response() for x in got], plan.reward, verifier)
@@ -317,16 +317,16 @@ def step_metrics(batch: Batch, timings: dict[str, Any], device: torch.device | N
     out = {**reward_metrics(scores), **batch.meta["metrics"]}
     out["train/accuracy"] = out["reward/correct"]
     out["train/solved_with_code"] = (
-        sum(s.correct and len(x.code_calls) > 0 for x, s in zip(trajectories, scores, strict=True)) / n
+        sum(s.correct and len(x.tool_calls) > 0 for x, s in zip(trajectories, scores, strict=True)) / n
     )
-    out["train/used_code"] = sum(len(x.code_calls) > 0 for x in trajectories) / n
+    out["train/used_code"] = sum(len(x.tool_calls) > 0 for x in trajectories) / n
     out.update({f"time/{k}": v for k, v in timings.items()})
     if device is not None and device.type == "cuda":
         out["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
 
 
-def kept_rollouts(batch: Batch, count: int, seed: int) -> list[dict[str, Any]]:
+def kept_rollouts(batch: Batch, count: int, seed: int, tools: list[Tool]) -> list[dict[str, Any]]:
     """Up to `count` of a step's trajectories as rows for rollouts.jsonl (`retool report` browses them): half
     right and half wrong where the step has both, picked with their own seeded generator (the run's random
     streams are untouched)."""
@@ -338,7 +338,7 @@ def kept_rollouts(batch: Batch, count: int, seed: int) -> list[dict[str, Any]]:
     rng.shuffle(wrong)
     half = min(len(right), max(count // 2, count - len(wrong)))
     chosen = sorted(right[:half] + wrong[: count - half])
-    return [sample_row(trajectories[i], scores[i], None) for i in chosen]
+    return [sample_row(trajectories[i], scores[i], None, tools) for i in chosen]
 
 
 class Timer:

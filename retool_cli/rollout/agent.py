@@ -1,29 +1,27 @@
-"""The multi-turn agent loop: the model reasons, writes code, the sandbox runs it, the result goes back
-into the context, the model continues.
+"""The multi-turn agent loop: the model reasons, calls a tool (the code interpreter: it writes code, the
+sandbox runs it), the result goes back into the context, the model continues.
 
     examples x group_size --prompt_ids--> Trajectory
       loop: engine.generate (only rows still running) --> parse the turn -->
-            answered | out of budget | code --sandbox.run_many--> result ids (mask 0) appended --> again
+            answered | out of budget | a tool call --tool.run_many (each tool's calls of the round
+            together)--> result ids (mask 0) appended --> again
 
 Token-in, token-out: a trajectory is the exact sampled ids plus the rendered tool segments; its
 history is never re-encoded. With `overlap_sandbox`, the batch runs as two cohorts so that one
-cohort's code executes while the other generates.
+cohort's tool calls run while the other generates.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from retool_cli.config import RolloutConfig
 from retool_cli.data.dataset import MathExample
-from retool_cli.env.protocol import format_result
 from retool_cli.env.reward import Response, RewardScore
-from retool_cli.env.sandbox import SandboxError
-from retool_cli.interfaces import CodeRunner, Engine, Generation, Sampling, ToolProtocol
+from retool_cli.interfaces import Engine, Generation, Sampling, Tool, ToolCall, ToolOutput, ToolProtocol
 
 STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
 
@@ -37,10 +35,8 @@ class Trajectory:
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = tool output
     response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
     turns: int = 0  # generation segments
-    code_calls: list[str] = field(default_factory=list)  # code sent to the sandbox
-    tool_results: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # status, reason, duration_s, text shown to the model
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the well-formed calls, in order
+    tool_outputs: list[ToolOutput] = field(default_factory=list)  # what each returned (tool_calls[i]'s)
     invalid_calls: int = 0
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "tool", decoded text), in order
     stop_reason: str = ""  # one of STOP_REASONS once finished
@@ -63,12 +59,18 @@ class Trajectory:
         """What the reward scores."""
         return Response(self.final_text, self.example.answer, self.truncated, len(self.response_ids))
 
+    def outputs_of(self, tool: str) -> list[ToolOutput]:
+        return [o for c, o in zip(self.tool_calls, self.tool_outputs, strict=True) if c.name == tool]
 
-def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict[str, Any]:
+
+def sample_row(t: Trajectory, s: RewardScore, seed: int | None, tools: list[Tool]) -> dict[str, Any]:
     """One judged trajectory as samples.jsonl (eval) and rollouts.jsonl (train) keep it: what `summarize` and
     `retool report` read. `seed`: the sampling seed (eval). `segments`: ["model" | "tool", text] in order
-    (tool: the interpreter's output as the model saw it)."""
-    statuses = Counter(r["status"] for r in t.tool_results)
+    (tool: the tool's output as the model saw it). Each tool adds what its row says of its calls (the code
+    interpreter: code_calls, code_errors, code_timeouts; zeros where the run has no interpreter)."""
+    tool_fields: dict[str, float] = {"code_calls": 0, "code_errors": 0, "code_timeouts": 0}
+    for tool in tools:
+        tool_fields.update(tool.row(t.outputs_of(tool.name)))
     return {
         "problem_id": t.example.id,
         "sample_index": t.sample_index,
@@ -83,9 +85,7 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict[str, Any
         "truncated": t.truncated,
         "judge_timed_out": s.timed_out,
         "turns": t.turns,
-        "code_calls": len(t.code_calls),
-        "code_errors": statuses["error"],
-        "code_timeouts": statuses["timeout"],
+        **tool_fields,
         "prompt_tokens": len(t.prompt_ids),
         "response_tokens": len(t.response_ids),
         "model_tokens": sum(t.response_mask),
@@ -97,15 +97,14 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None) -> dict[str, Any
 @dataclass
 class _ToolJob:
     trajectory: Trajectory
-    code: str | None  # None: a malformed call, answered with `error`
-    error: str = ""
+    call: ToolCall  # name None: a malformed call, answered with its error
 
 
 def run_rollouts(
     examples: list[MathExample],
     engine: Engine,
     protocol: ToolProtocol,
-    sandbox: CodeRunner | None,
+    tools: list[Tool],
     cfg: RolloutConfig,
     *,
     seed: int,
@@ -113,21 +112,20 @@ def run_rollouts(
     group_size: int | None = None,
     sampling: Sampling | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
-    """Sample `group_size` trajectories per example (grouped: example 0's samples first). Returns the
-    trajectories and the batch's rollout metrics."""
+    """Sample `group_size` trajectories per example (grouped: example 0's samples first), calling `tools` (the
+    protocol's calls name them; none with protocol=none). Returns the trajectories and the batch's rollout
+    metrics."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
     trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
     for t in trajectories:
         if len(t.prompt_ids) >= max_context_tokens:
             t.stop_reason, t.truncated = "context_overflow", True
-    loop = _Loop(engine, protocol, sandbox, cfg, base, max_context_tokens)
-    if sandbox is not None:
-        sandbox.reset_stats()
-    cohorts = (
-        [trajectories[0::2], trajectories[1::2]] if cfg.overlap_sandbox and sandbox is not None else [trajectories]
-    )
-    with ThreadPoolExecutor(1, thread_name_prefix="tools") as tools:
+    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens)
+    for tool in tools:
+        tool.reset()
+    cohorts = [trajectories[0::2], trajectories[1::2]] if cfg.overlap_sandbox and tools else [trajectories]
+    with ThreadPoolExecutor(1, thread_name_prefix="tools") as worker:
         pending: list[Future[Any] | None] = [None] * len(cohorts)
         step = 0
         while True:
@@ -146,7 +144,7 @@ def run_rollouts(
                 progressed = True
                 jobs = loop.generate_round(running, seed_offset=step * len(cohorts) + c)
                 if jobs:
-                    pending[c] = tools.submit(loop.run_tools, jobs)
+                    pending[c] = worker.submit(loop.run_tools, jobs)
             step += 1
             if not progressed and all(p is None for p in pending):
                 break
@@ -154,18 +152,19 @@ def run_rollouts(
 
 
 class _Loop:
-    """The per-batch state of the loop: budgets, the engine and sandbox calls, timing."""
+    """The per-batch state of the loop: budgets, the engine and tool calls, timing."""
 
     def __init__(
         self,
         engine: Engine,
         protocol: ToolProtocol,
-        sandbox: CodeRunner | None,
+        tools: list[Tool],
         cfg: RolloutConfig,
         sampling: Sampling,
         max_context: int,
     ) -> None:
-        self.engine, self.protocol, self.sandbox, self.cfg = engine, protocol, sandbox, cfg
+        self.engine, self.protocol, self.cfg = engine, protocol, cfg
+        self.tools = {tool.name: tool for tool in tools}
         self.sampling, self.max_context = sampling, max_context
         self.tokenizer = protocol.tokenizer
         self.generate_s = self.wait_tools_s = 0.0
@@ -210,53 +209,37 @@ class _Loop:
         elif gen.finish_reason == "length":
             t.truncated = True
             t.stop_reason = "context_overflow" if len(t.token_ids) >= self.max_context else "length"
-        elif len(t.code_calls) + t.invalid_calls >= cfg.max_code_calls:
+        elif len(t.tool_calls) + t.invalid_calls >= cfg.max_code_calls:
             t.stop_reason = "code_budget"
         elif t.turns >= cfg.max_turns:
             t.stop_reason = "turn_budget"
         else:
             call = self.protocol.parse_call(turn_text)
-            if call.code is None:
+            if call.name is not None and call.name not in self.tools:  # a protocol that knows more tools
+                call = ToolCall(None, error=f"Error: the tool {call.name!r} is not available in this run.")
+            if call.name is None:
                 t.invalid_calls += 1  # answered with the error, so the model can learn the format
-                return _ToolJob(t, None, call.error)
-            return _ToolJob(t, call.code)
+            return _ToolJob(t, call)
         return None
 
-    def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, Any, str]]:
-        """Run the batch's code concurrently; returns (job, ExecResult or None, text for the model)."""
-        codes = [job.code for job in jobs if job.code is not None]
-        assert self.sandbox is not None or not codes  # a call is parsed only where a protocol has a tool
-        results = iter(self.sandbox.run_many(codes) if self.sandbox is not None and codes else [])
-        out: list[tuple[_ToolJob, Any, str]] = []
-        for job in jobs:
-            if job.code is None:
-                out.append((job, None, job.error))
-            else:
-                result = next(results)
-                out.append((job, result, format_result(result, self.tokenizer, self.cfg.max_tool_result_tokens)))
-        self._check_sandbox_health()
-        return out
+    def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None, str]]:
+        """Run the round's calls, each tool's together; returns (job, its output or None, text for the model)."""
+        outputs: dict[int, ToolOutput] = {}
+        for name, tool in self.tools.items():
+            mine = [i for i, job in enumerate(jobs) if job.call.name == name]
+            if mine:
+                outputs.update(zip(mine, tool.run_many([jobs[i].call.arguments for i in mine]), strict=True))
+        return [
+            (job, outputs.get(i), outputs[i].text if i in outputs else job.call.error) for i, job in enumerate(jobs)
+        ]
 
-    def _check_sandbox_health(self) -> None:
-        if self.sandbox is None:
-            return
-        stats = self.sandbox.stats()
-        if stats["calls"] >= 8 and stats["infra_error_rate"] > self.cfg.max_sandbox_infra_error_rate:
-            raise SandboxError(
-                f"{stats['infra_errors']:.0f} of {stats['calls']:.0f} sandbox calls in this batch failed in the "
-                f"sandbox itself (above rollout.max_sandbox_infra_error_rate={self.cfg.max_sandbox_infra_error_rate}); "
-                "stopping instead of training without a working interpreter"
-            )
-
-    def apply_tool_results(self, done: list[tuple[_ToolJob, Any, str]]) -> None:
-        for job, result, text in done:
+    def apply_tool_results(self, done: list[tuple[_ToolJob, ToolOutput | None, str]]) -> None:
+        for job, output, text in done:
             t = job.trajectory
             ids = self.protocol.result_ids(text)
-            if job.code is not None:
-                t.code_calls.append(job.code)
-                t.tool_results.append(
-                    {"status": result.status, "reason": result.reason, "duration_s": result.duration_s, "text": text}
-                )
+            if output is not None:
+                t.tool_calls.append(job.call)
+                t.tool_outputs.append(output)
             if len(t.response_ids) + len(ids) >= self.cfg.max_response_tokens:
                 t.stop_reason, t.truncated = "length", True
             elif len(t.token_ids) + len(ids) >= self.max_context:
@@ -269,24 +252,24 @@ class _Loop:
 
     def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
         n = max(1, len(trajectories))
-        results = [r for t in trajectories for r in t.tool_results]
-        statuses = Counter(r["status"] for r in results)
-        calls = max(1, len(results))
         tool_tokens = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
         metrics = {
             "rollout/turns": sum(t.turns for t in trajectories) / n,
-            "rollout/code_calls": sum(len(t.code_calls) for t in trajectories) / n,
+            # the code interpreter's, zero in a run without it (protocol=none): the curves every report draws
+            "rollout/code_calls": 0.0,
             "rollout/invalid_calls": sum(t.invalid_calls for t in trajectories) / n,
-            "rollout/code_error_rate": statuses["error"] / calls,
-            "rollout/code_timeout_rate": statuses["timeout"] / calls,
-            "rollout/code_killed_rate": statuses["killed"] / calls,
+            "rollout/code_error_rate": 0.0,
+            "rollout/code_timeout_rate": 0.0,
+            "rollout/code_killed_rate": 0.0,
             "rollout/tool_result_tokens": tool_tokens / n,
             "rollout/response_tokens": sum(len(t.response_ids) for t in trajectories) / n,
             "rollout/truncated": sum(t.truncated for t in trajectories) / n,
             "rollout/generate_s": self.generate_s,
-            "rollout/wait_tools_s": self.wait_tools_s,  # time the loop waited on the sandbox (not overlapped)
+            "rollout/wait_tools_s": self.wait_tools_s,  # time the loop waited on tools (not overlapped)
             "rollout/gen_tokens_per_s": self.sampled_tokens / self.generate_s if self.generate_s else 0.0,
         }
         for reason in STOP_REASONS:
             metrics[f"rollout/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
+        for name, tool in self.tools.items():
+            metrics.update(tool.metrics([o for t in trajectories for o in t.outputs_of(name)], len(trajectories)))
         return metrics

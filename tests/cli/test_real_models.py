@@ -19,6 +19,7 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import ChatToolProtocol, TaggedProtocol
 from retool_cli.env.reward import Verifier, score_batch
 from retool_cli.env.sandbox import Sandbox
+from retool_cli.env.tools import CodeInterpreter
 from retool_cli.interfaces import Sampling
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
@@ -96,8 +97,9 @@ def imitating_model(random_model: Path, tokenizer, tmp_path_factory) -> Path:
 
 def rollout(engine, protocol, sandbox):
     cfg = RolloutConfig(group_size=1, max_response_tokens=160, max_turns=3, max_code_calls=2, overlap_sandbox=False)
+    tools = [CodeInterpreter(sandbox, protocol.tokenizer, cfg)]
     [t], _ = run_rollouts(
-        [EXAMPLE], engine, protocol, sandbox, cfg, seed=0, max_context_tokens=1024, sampling=Sampling(0.0)
+        [EXAMPLE], engine, protocol, tools, cfg, seed=0, max_context_tokens=1024, sampling=Sampling(0.0)
     )
     return t
 
@@ -121,7 +123,8 @@ def test_an_imitating_model_reproduces_its_trajectory_through_the_loop(
             ids, mask = target(protocol, tokenizer)
             assert t.token_ids == ids, name  # the exact ids, the tool segment included
             assert t.response_mask == mask[len(t.prompt_ids) :]
-            assert t.code_calls == [CODE] and t.tool_results[0]["status"] == "ok" and t.tool_results[0]["text"] == "42"
+            assert [c.arguments["code"] for c in t.tool_calls] == [CODE]
+            assert t.tool_outputs[0].status == "ok" and t.tool_outputs[0].text == "42"
             assert t.stop_reason == "answered" and t.turns == 2
             [model_turn, tool, _] = [text for _, text in t.segments]
             if name == "retool_tags":  # the stop string ended inside `>\n\n`: the turn keeps what was sampled

@@ -104,7 +104,7 @@ def test_qwen25_hermes_calls_equal_the_whole_template_rendering(qwen25) -> None:
         + json.dumps({"code": CODE_1}, ensure_ascii=False)
         + "}\n</tool_call>"
     )
-    assert [protocol.parse_call(t).code for t in turns[:2]] == [CODE_1, CODE_2]
+    assert [protocol.parse_call(t).arguments["code"] for t in turns[:2]] == [CODE_1, CODE_2]
     ids = loop_ids(protocol, [turns[0], turns[1], turns[2] + qwen25.eos_token], outputs)
     # the documented difference: the template ends the last turn with "<|im_end|>\n"; sampling stops at eos
     assert ids + qwen25.encode("\n") == whole_conversation(protocol, contents, outputs)
@@ -145,7 +145,7 @@ def test_qwen3_coder_xml_calls_equal_the_whole_template_rendering(qwen3_coder) -
     contents = ["Let me compute it.", "Check the remainder.", "So the answer is \\boxed{24133}."]
     turns = [contents[0] + protocol.call_text(CODE_1), contents[1] + protocol.call_text(CODE_2), contents[2]]
     assert "<function=code_interpreter>\n<parameter=code>\n" + CODE_1 + "\n</parameter>" in turns[0]  # raw, unescaped
-    assert [protocol.parse_call(t).code for t in turns[:2]] == [CODE_1, CODE_2]
+    assert [protocol.parse_call(t).arguments["code"] for t in turns[:2]] == [CODE_1, CODE_2]
     ids = loop_ids(protocol, [turns[0], turns[1], turns[2] + qwen3_coder.eos_token], outputs)
     assert ids + qwen3_coder.encode("\n") == whole_conversation(protocol, contents, outputs)
 

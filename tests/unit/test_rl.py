@@ -56,7 +56,7 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     protocol = build_protocol(cfg.protocol, tokenizer)
     with Verifier(timeout_s=5, workers=1) as verifier:
         batch, cursor = collect(
-            StepPlan.of(cfg), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, None, verifier
+            StepPlan.of(cfg), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, [], verifier
         )
     assert cursor == 4 and len(batch) == 16  # two rounds of 2 questions x 4 samples
     assert batch.tensors["reward"][:8].tolist() == [1.0] * 8
@@ -81,7 +81,7 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
             1,
             ScriptedEngine(tokenizer, script),
             protocol,
-            None,
+            [],
             verifier,
         )
     assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
@@ -166,7 +166,7 @@ def test_shuffled_reward_control_keeps_the_rewards_and_cuts_their_link(tokenizer
         cfg.reward.control = control
         with Verifier(timeout_s=5, workers=1) as verifier:
             engine, protocol = ScriptedEngine(tokenizer, script), build_protocol(cfg.protocol, tokenizer)
-            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, engine, protocol, None, verifier)
+            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, engine, protocol, [], verifier)
         return batch
 
     real, control = collected(RewardControl.none), collected(RewardControl.shuffled)

@@ -22,8 +22,9 @@ from retool_cli.env.protocol import (
     parse_tagged_call,
 )
 from retool_cli.env.sandbox import Sandbox
+from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, CodeInterpreter
 from retool_cli.errors import ConfigError
-from retool_cli.interfaces import ExecResult
+from retool_cli.interfaces import ExecResult, ToolCall
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
@@ -43,6 +44,11 @@ def tokenizer():
 def sandbox():
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as box:
         yield box
+
+
+def codes(t) -> list[str]:
+    """The code of each interpreter call of a trajectory."""
+    return [call.arguments["code"] for call in t.tool_calls]
 
 
 def examples(n: int = 2) -> list[MathExample]:
@@ -70,9 +76,9 @@ def two_turns(context: str, turn: int) -> str:
 
 
 def test_parse_tagged_call() -> None:
-    assert parse_tagged_call("x <code>\n```python\nprint(1)\n```\n</code>").code == "print(1)"
-    assert parse_tagged_call("<code>print(2)</code>").code == "print(2)"
-    assert parse_tagged_call("no open tag</code>").code is None
+    assert parse_tagged_call("x <code>\n```python\nprint(1)\n```\n</code>").arguments == {"code": "print(1)"}
+    assert parse_tagged_call("<code>print(2)</code>") == ToolCall("code_interpreter", {"code": "print(2)"})
+    assert parse_tagged_call("no open tag</code>").name is None
     assert "empty" in parse_tagged_call("<code>\n```python\n```\n</code>").error
 
 
@@ -92,8 +98,8 @@ def test_parse_tagged_call() -> None:
     ],
 )
 def test_parse_chat_call(turn: str, code: str | None, error: str) -> None:
-    call = parse_chat_call(turn)
-    assert call.code == code
+    call = parse_chat_call(turn, [CODE_INTERPRETER_SCHEMA])
+    assert call.arguments.get("code") == code and (call.name is None) == (code is None)
     assert error in call.error
 
 
@@ -171,9 +177,9 @@ def test_chat_tool_refuses_a_template_that_renders_no_call_and_result(tokenizer)
 def run(tokenizer, sandbox, script, protocol=None, ctx=1024, **cfg_overrides):
     protocol = protocol or TaggedProtocol(tokenizer, "SYS")
     engine = ScriptedEngine(tokenizer, script)
-    trajectories, metrics = run_rollouts(
-        examples(), engine, protocol, sandbox, rollout_cfg(**cfg_overrides), seed=0, max_context_tokens=ctx
-    )
+    cfg = rollout_cfg(**cfg_overrides)
+    tools = [CodeInterpreter(sandbox, tokenizer, cfg)]
+    trajectories, metrics = run_rollouts(examples(), engine, protocol, tools, cfg, seed=0, max_context_tokens=ctx)
     return trajectories, metrics, engine
 
 
@@ -191,7 +197,7 @@ def test_token_in_token_out_and_masks(tokenizer, sandbox, overlap: bool) -> None
         assert model_ids == tokenizer.encode(CODE_TURN + ANSWER_TURN, add_special_tokens=False)
         assert tokenizer.decode(tool_ids) == "\n<interpreter>\n408\n</interpreter>\n"
         assert len(t.response_logprobs) == len(t.response_ids)
-        assert t.code_calls == ["print(12 * 34)"] and t.tool_results[0]["status"] == "ok"
+        assert codes(t) == ["print(12 * 34)"] and t.tool_outputs[0].status == "ok"
         assert t.final_text == CODE_TURN + ANSWER_TURN
     # every continuation was asked with the exact ids so far (never re-encoded text)
     second_turn_contexts = [p for p in engine.seen_prompts if len(p) > len(trajectories[0].prompt_ids)]
@@ -203,7 +209,7 @@ def test_budgets_stop_with_the_right_reason(tokenizer, sandbox) -> None:
     always_code = lambda context, turn: CODE_TURN
     trajectories, _, _ = run(tokenizer, sandbox, always_code, max_code_calls=2, max_turns=10)
     assert {t.stop_reason for t in trajectories} == {"code_budget"}
-    assert all(len(t.code_calls) == 2 and t.turns == 3 for t in trajectories)
+    assert all(len(t.tool_calls) == 2 and t.turns == 3 for t in trajectories)
 
     trajectories, _, _ = run(tokenizer, sandbox, always_code, max_code_calls=10, max_turns=2)
     assert {t.stop_reason for t in trajectories} == {"turn_budget"} and trajectories[0].turns == 2
@@ -226,7 +232,7 @@ def test_malformed_call_is_answered_then_budget(tokenizer, sandbox) -> None:
     broken = lambda context, turn: "oops </code>" if turn < 1 else ANSWER_TURN
     trajectories, _, _ = run(tokenizer, sandbox, broken)
     t = trajectories[0]
-    assert t.stop_reason == "answered" and t.invalid_calls == 1 and t.code_calls == []
+    assert t.stop_reason == "answered" and t.invalid_calls == 1 and t.tool_calls == []
     assert "Error: a code block must start with <code>" in t.text
     always_broken = lambda context, turn: "oops </code>"
     trajectories, _, _ = run(tokenizer, sandbox, always_broken, max_code_calls=2, max_turns=10)
@@ -250,7 +256,7 @@ def test_chat_tool_loop(tokenizer, sandbox) -> None:
     protocol = build_protocol(ProtocolConfig(name=ProtocolName.chat_tool), tokenizer)
     trajectories, _, _ = run(tokenizer, sandbox, script, protocol=protocol)
     t = trajectories[0]
-    assert t.stop_reason == "answered" and t.code_calls == ["print(6 * 7)"]
+    assert t.stop_reason == "answered" and codes(t) == ["print(6 * 7)"]
     assert "<tool_response>\n42\n</tool_response>" in t.text
     assert tokenizer.decode(t.response_ids) == t.text
 
@@ -273,9 +279,10 @@ def test_real_rollout_tiny_model_is_deterministic(tokenizer, sandbox) -> None:
     engine = HFEngine(model, tokenizer)
     protocol = TaggedProtocol(tokenizer, "SYS")
     cfg = rollout_cfg(max_tokens_per_turn=40, max_response_tokens=120, temperature=1.0)
-    first, metrics = run_rollouts(examples(), engine, protocol, sandbox, cfg, seed=7, max_context_tokens=512)
-    again, _ = run_rollouts(examples(), engine, protocol, sandbox, cfg, seed=7, max_context_tokens=512)
-    other, _ = run_rollouts(examples(), engine, protocol, sandbox, cfg, seed=8, max_context_tokens=512)
+    tools = [CodeInterpreter(sandbox, tokenizer, cfg)]
+    first, metrics = run_rollouts(examples(), engine, protocol, tools, cfg, seed=7, max_context_tokens=512)
+    again, _ = run_rollouts(examples(), engine, protocol, tools, cfg, seed=7, max_context_tokens=512)
+    other, _ = run_rollouts(examples(), engine, protocol, tools, cfg, seed=8, max_context_tokens=512)
     assert [t.response_ids for t in first] == [t.response_ids for t in again]
     assert [t.response_ids for t in first] != [t.response_ids for t in other]
     for t in first:

@@ -167,7 +167,8 @@ def test_retool_sft_parquet_renders_with_the_runs_protocol(retool_parquet, tmp_p
         expected_trained = "".join(text.rstrip("\n") + protocol.call_text(code) for text, code, _ in steps)
         assert trained == expected_trained + final + tokenizer.eos_token
         assert all(
-            protocol.parse_call(text.rstrip("\n") + protocol.call_text(code)).code == code for text, code, _ in steps
+            protocol.parse_call(text.rstrip("\n") + protocol.call_text(code)).arguments == {"code": code}
+            for text, code, _ in steps
         )
     if protocol_name == "retool_tags":  # the tagged response is kept as ReTool-SFT writes it
         text = tokenizer.decode(traces[0].response_ids)

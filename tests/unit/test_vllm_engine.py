@@ -16,6 +16,7 @@ from retool_cli.config import Isolation, ModelConfig, RetoolConfig, RolloutConfi
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.sandbox import Sandbox
+from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import Sampling
 from retool_cli.model.loading import apply_lora, merged_state_dict
@@ -202,21 +203,22 @@ def test_agent_loop_through_vllm_runs_the_interpreter(engine, policy_dir, tokeni
     )
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as sandbox:
         scripted = ScriptedEngine(tokenizer, lambda context, turn: code if turn == 0 else answer)
-        [target, _], _ = run_rollouts(example, scripted, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
+        tools = [CodeInterpreter(sandbox, tokenizer, cfg)]
+        [target, _], _ = run_rollouts(example, scripted, protocol, tools, cfg, seed=0, max_context_tokens=512)
         policy = overfit(policy_dir, target.token_ids)
         try:
             engine.update_weights(policy)
-            ours, metrics = run_rollouts(example, engine, protocol, sandbox, cfg, seed=0, max_context_tokens=512)
+            ours, metrics = run_rollouts(example, engine, protocol, tools, cfg, seed=0, max_context_tokens=512)
             theirs, _ = run_rollouts(
-                example, HFEngine(policy, tokenizer), protocol, sandbox, cfg, seed=0, max_context_tokens=512
+                example, HFEngine(policy, tokenizer), protocol, tools, cfg, seed=0, max_context_tokens=512
             )
             short = replace(cfg, max_response_tokens=12)
-            [cut, _], _ = run_rollouts(example, engine, protocol, sandbox, short, seed=0, max_context_tokens=512)
+            [cut, _], _ = run_rollouts(example, engine, protocol, tools, short, seed=0, max_context_tokens=512)
         finally:
             sync_back(engine, policy_dir)
     for t in ours:
         assert t.response_ids == target.response_ids and t.response_mask == target.response_mask
-        assert t.code_calls == ["print(12 * 34)"] and t.stop_reason == "answered"
+        assert [c.arguments["code"] for c in t.tool_calls] == ["print(12 * 34)"] and t.stop_reason == "answered"
         assert "<interpreter>\n408\n</interpreter>" in t.text and t.text.endswith("\\boxed{408}.<|im_end|>")
     assert [t.response_ids for t in theirs] == [t.response_ids for t in ours]
     assert metrics["rollout/code_calls"] == 1.0
