@@ -1,9 +1,10 @@
 """The interfaces core code works against, and the values that cross them. The interfaces are typing.Protocols
 (any object with these methods fits, no base class): an Engine samples tokens, a ToolProtocol turns questions
-and tool calls into tokens, a CodeRunner runs the model's code, a Judge decides whether answers are equal.
-Implementations: rollout/hf_engine.py and rollout/vllm_engine.py; env/protocol.py; env/sandbox.py;
-env/reward.py (Verifier). The values (Sampling, Generation, ToolCall, ExecResult, Verdict) live here, so
-that an implementation and its callers import this module, not each other."""
+and tool calls into tokens, a Tool is one tool the model calls (the code interpreter first), a CodeRunner runs
+the model's code for it, a Judge decides whether answers are equal. Implementations: rollout/hf_engine.py and
+rollout/vllm_engine.py; env/protocol.py; env/tools.py; env/sandbox.py; env/reward.py (Verifier). The values
+(Sampling, Generation, ToolCall, ToolOutput, ExecResult, Verdict) live here, so that an implementation and its
+callers import this module, not each other."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ class Engine(Protocol):
 
 class ToolProtocol(Protocol):
     tokenizer: Any
-    stop_strings: list[str]  # where a generation segment ends to let the interpreter run
+    stop_strings: list[str]  # where a generation segment ends to let a tool run
 
     def prompt_ids(self, question: str) -> list[int]:
         """The templated prompt of a question, ending where the model's answer starts."""
@@ -103,10 +104,10 @@ class ToolProtocol(Protocol):
         """How the model writes a call of the interpreter after its own text (SFT traces are written so)."""
 
     def parse_call(self, turn_text: str) -> ToolCall:
-        """The code a finished segment asks to run (or why it is malformed)."""
+        """The tool call a finished segment makes, by name with its arguments (or why it is malformed)."""
 
     def result_ids(self, result_text: str) -> list[int]:
-        """The interpreter's output as the tokens appended after the segment (masked out of the loss)."""
+        """A tool's output as the tokens appended after the segment (masked out of the loss)."""
 
 
 class Tool(Protocol):
