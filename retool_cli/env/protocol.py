@@ -294,12 +294,26 @@ def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation
 def build_protocol(
     cfg: ProtocolConfig, tokenizer: Any, schemas: list[dict[str, Any]] | None = None
 ) -> TaggedProtocol | ChatToolProtocol:
-    """The protocol `cfg` names; `schemas`: the tools chat_tool renders (None: the code interpreter)."""
-    if cfg.name is ProtocolName.chat_tool:
-        return ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt, cfg.template_policy, schemas)
-    if cfg.name is ProtocolName.none:
-        return TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
-    return TaggedProtocol(tokenizer, cfg.system_prompt)
+    """The protocol `cfg` names; `schemas`: the tools chat_tool renders (None: the code interpreter). A chat
+    template that cannot render the protocol's conversation (a system message, say: Gemma's refuses one) is a
+    start-up error that names the fix, not the template's own exception at the first prompt."""
+    from jinja2 import TemplateError
+
+    try:
+        protocol: TaggedProtocol | ChatToolProtocol
+        if cfg.name is ProtocolName.chat_tool:
+            protocol = ChatToolProtocol(tokenizer, cfg.chat_tool_system_prompt, cfg.template_policy, schemas)
+        elif cfg.name is ProtocolName.none:
+            protocol = TaggedProtocol(tokenizer, cfg.text_only_system_prompt, use_tool=False)
+        else:
+            protocol = TaggedProtocol(tokenizer, cfg.system_prompt)
+        protocol.prompt_ids("What is 1 + 1?")  # the system prompt and a question, as every rollout renders them
+    except TemplateError as exc:
+        raise ConfigError(
+            f"protocol={cfg.name.value}: the chat template cannot render the protocol's conversation ({exc}); "
+            "give a template that can with model.chat_template=FILE.jinja"
+        ) from None
+    return protocol
 
 
 def overlong_prompts(protocol: TaggedProtocol | ChatToolProtocol, examples: list[Any], max_tokens: int) -> list[Any]:

@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+
 from retool_cli.errors import ConfigError
 
 PROBES = [
@@ -43,7 +45,12 @@ def check_tokenizer(tokenizer: Any, source: str, tokenizer_class: str | None = N
     if round_trip:
         problems += round_trip
         fixes.append(_round_trip_fix(source, tokenizer_class))
-    markers = _special_token_problems(tokenizer)
+    try:
+        markers = _special_token_problems(tokenizer)
+    except TemplateError as exc:  # e.g. Gemma's template refuses a system message; every protocol sends one
+        markers = []
+        problems.append(f"its chat template cannot render a system prompt and a question ({exc})")
+        fixes.append("give a template that renders a system message with model.chat_template=FILE.jinja")
     if markers:
         problems += markers
         fixes.append(

@@ -136,3 +136,40 @@ def test_an_engine_tokenizer_that_reads_differently_is_refused() -> None:
     spaceless = AutoTokenizer.from_pretrained(tokenizer_folder("deepseek-r1-distill-qwen"))  # as vLLM would load it
     with pytest.raises(ConfigError, match=r"vLLM loaded a tokenizer that reads text differently.*\[1639, 3605"):
         check_same_tokenizer(ours, spaceless, "vLLM")
+
+
+NO_SYSTEM_TEMPLATE = (  # Gemma's way: a system message is an error
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_cannot_render_a_system_message_is_refused_with_the_fix(tmp_path) -> None:
+    template = tmp_path / "no_system.jinja"
+    template.write_text(NO_SYSTEM_TEMPLATE)
+    cfg = ModelConfig(name_or_path=str(tokenizer_folder("qwen2.5-instruct")), chat_template=str(template))
+    with pytest.raises(
+        ConfigError, match="(?s)cannot render a system prompt.*System role not supported.*model.chat_template"
+    ):
+        load_tokenizer(cfg)
+
+
+def test_a_template_that_fails_on_the_protocols_conversation_is_a_start_up_error(tmp_path) -> None:
+    """Renders a system prompt and a question, fails on a tool message: chat_tool refuses it when it is built,
+    naming the protocol and the fix; retool_tags (no tool messages) builds."""
+    from retool_cli.config import ProtocolConfig, ProtocolName
+    from retool_cli.env.protocol import build_protocol
+
+    template = tmp_path / "no_tool.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer = load_tokenizer(
+        ModelConfig(name_or_path=str(tokenizer_folder("qwen2.5-instruct")), chat_template=str(template))
+    )
+    with pytest.raises(ConfigError, match=r"protocol=chat_tool: .*no tool role.*model.chat_template"):
+        build_protocol(ProtocolConfig(name=ProtocolName.chat_tool), tokenizer)
+    assert build_protocol(ProtocolConfig(name=ProtocolName.retool_tags), tokenizer).prompt_ids("Q")
