@@ -110,8 +110,8 @@ def parse_tagged_call(turn_text: str) -> ToolCall:
 
 def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
     """A Hermes JSON or Qwen3-Coder XML-parameter call of one of the tools of `schemas`, from a turn ending in
-    </tool_call>: its name known, each required string argument a non-empty string (a markdown fence around
-    one is taken off)."""
+    </tool_call>: its name known, its required arguments there, a required string one non-empty (a markdown
+    fence around it taken off)."""
     start = turn_text.rfind("<tool_call>")
     end = turn_text.rfind("</tool_call>")
     if start < 0 or end < start:
@@ -119,8 +119,7 @@ def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
     body = turn_text[start + len("<tool_call>") : end].strip()
     xml = _XML_CALL.search(body)
     if xml:
-        name, params = xml.group(1), dict(_XML_PARAM.findall(xml.group(2)))
-        arguments: Any = params
+        name, arguments = xml.group(1), dict(_XML_PARAM.findall(xml.group(2)))
     else:
         try:
             call = json.loads(body)
@@ -129,7 +128,7 @@ def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
         if not isinstance(call, dict):
             return ToolCall(None, error="Error: the tool call must be a JSON object with name and arguments.")
         name, arguments = call.get("name"), call.get("arguments", {})
-    functions = {schema["function"]["name"]: schema["function"] for schema in schemas}
+    functions: dict[str, Any] = {schema["function"]["name"]: schema["function"] for schema in schemas}
     if name not in functions:
         known = (
             f"the only tool is {next(iter(functions))}"
@@ -137,7 +136,8 @@ def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
             else f"the tools are {', '.join(functions)}"
         )
         return ToolCall(None, error=f"Error: unknown tool {name!r}; {known}.")
-    required = [key for key in functions[name]["parameters"].get("required", [])]
+    parameters = functions[name]["parameters"]
+    required: list[str] = list(parameters.get("required", []))
     if isinstance(arguments, str):  # some models double-encode the arguments; a plain string is the one argument
         try:
             arguments = json.loads(arguments)
@@ -147,9 +147,12 @@ def parse_chat_call(turn_text: str, schemas: list[dict[str, Any]]) -> ToolCall:
         arguments = {}
     for key in required:
         value = arguments.get(key)
-        if not isinstance(value, str) or not value.strip():
+        if parameters.get("properties", {}).get(key, {}).get("type") != "string":
+            if value is None:
+                return ToolCall(None, error=f"Error: {name} needs an argument {key!r}.")
+        elif not isinstance(value, str) or not value.strip():
             return ToolCall(None, error=f"Error: {name} needs a non-empty string argument {key!r}.")
-        if "```" in value:
+        elif "```" in value:
             arguments = {**arguments, key: _code_from_block(value)}
     return ToolCall(name, arguments)
 

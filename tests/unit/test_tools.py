@@ -130,3 +130,29 @@ def test_a_tool_the_run_does_not_have_is_refused_to_the_model(tokenizer) -> None
         [MathExample("q", "1 + 1?", "2", "test")], engine, protocol, [], cfg, seed=0, max_context_tokens=1024
     )
     assert t.tool_calls == [] and t.invalid_calls == 1 and "not available" in t.segments[1][1]
+
+
+def test_calls_are_checked_against_their_tools_schema() -> None:
+    """A required integer argument is taken as given (only required strings must be non-empty text)."""
+    from retool_cli.env.protocol import parse_chat_call
+
+    repeat = {
+        "type": "function",
+        "function": {
+            "name": "repeat",
+            "parameters": {
+                "type": "object",
+                "properties": {"text": {"type": "string"}, "times": {"type": "integer"}},
+                "required": ["text", "times"],
+            },
+        },
+    }
+    schemas = [CODE_INTERPRETER_SCHEMA, repeat]
+    ok = parse_chat_call('<tool_call>{"name": "repeat", "arguments": {"text": "ab", "times": 3}}</tool_call>', schemas)
+    assert ok.name == "repeat" and ok.arguments == {"text": "ab", "times": 3}
+    missing = parse_chat_call('<tool_call>{"name": "repeat", "arguments": {"text": "ab"}}</tool_call>', schemas)
+    assert missing.name is None and "needs an argument 'times'" in missing.error
+    empty = parse_chat_call(
+        '<tool_call>{"name": "repeat", "arguments": {"text": " ", "times": 1}}</tool_call>', schemas
+    )
+    assert empty.name is None and "non-empty string argument 'text'" in empty.error
