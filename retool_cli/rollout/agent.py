@@ -222,21 +222,19 @@ class _Loop:
             return _ToolJob(t, call)
         return None
 
-    def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None, str]]:
-        """Run the round's calls, each tool's together; returns (job, its output or None, text for the model)."""
+    def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None]]:
+        """Run the round's calls, each tool's together; returns (job, its output, or None for a malformed call)."""
         outputs: dict[int, ToolOutput] = {}
         for name, tool in self.tools.items():
             mine = [i for i, job in enumerate(jobs) if job.call.name == name]
             if mine:
                 outputs.update(zip(mine, tool.run_many([jobs[i].call.arguments for i in mine]), strict=True))
-        return [
-            (job, outputs.get(i), outputs[i].text if i in outputs else job.call.error) for i, job in enumerate(jobs)
-        ]
+        return [(job, outputs.get(i)) for i, job in enumerate(jobs)]
 
-    def apply_tool_results(self, done: list[tuple[_ToolJob, ToolOutput | None, str]]) -> None:
-        for job, output, text in done:
+    def apply_tool_results(self, done: list[tuple[_ToolJob, ToolOutput | None]]) -> None:
+        for job, output in done:
             t = job.trajectory
-            ids = self.protocol.result_ids(text)
+            ids = self.protocol.result_ids(output.text if output is not None else job.call.error)
             if output is not None:
                 t.tool_calls.append(job.call)
                 t.tool_outputs.append(output)
