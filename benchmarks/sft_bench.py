@@ -70,20 +70,26 @@ print(json.dumps({"median_s_per_step": statistics.median(clock.times[warmup:]), 
 """
 
 
+def smoke_sft_config(*overrides: str):
+    """`retool sft recipe=dapo_smoke` composed as the command composes it, with `overrides` on top."""
+    from hydra import compose, initialize_config_dir
+
+    from retool_cli.compose import CONF_DIR, register_configs, to_config
+
+    register_configs()
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        return to_config(compose("sft", overrides=["recipe=dapo_smoke", *overrides]))
+
+
 def write_workload(work: Path) -> None:
     """The smoke recipe's SFT traces (tokenized, `labels` -100 off the loss mask) and the tiny model folder."""
     import shutil
 
-    from hydra import compose, initialize_config_dir
-
     from retool_cli.commands.sft import sft_traces
-    from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.model.loading import load_tokenizer
     from retool_cli.model.tiny import tiny_model_path
 
-    register_configs()
-    with initialize_config_dir(str(CONF_DIR), version_base=None):
-        config = to_config(compose("sft", overrides=["recipe=dapo_smoke"]))
+    config = smoke_sft_config()
     traces = sft_traces(config, load_tokenizer(config.model))
     (work / "prompt_lengths.json").write_text(json.dumps([len(t.prompt_ids) for t in traces]))
     with open(work / "traces.jsonl", "w") as f:
@@ -102,22 +108,13 @@ def ours(work: Path, steps: int, accelerate: bool) -> dict:
     import random
 
     import torch
-    from hydra import compose, initialize_config_dir
 
     from retool_cli.commands.sft import batch_loss
-    from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.data.traces import Trace
     from retool_cli.model.loading import load_policy, load_tokenizer
     from retool_cli.rl.optim import build_optimizer, build_scheduler
 
-    register_configs()
-    with initialize_config_dir(str(CONF_DIR), version_base=None):
-        config = to_config(
-            compose(
-                "sft",
-                overrides=["recipe=dapo_smoke", f"model.name_or_path={work}/model", f"model.accelerate={accelerate}"],
-            )
-        )
+    config = smoke_sft_config(f"model.name_or_path={work}/model", f"model.accelerate={accelerate}")
     traces = []
     starts = json.loads((work / "prompt_lengths.json").read_text())
     for line, start in zip((work / "traces.jsonl").read_text().splitlines(), starts, strict=True):
