@@ -160,6 +160,10 @@ class RolloutEngine(enum.Enum):
     vllm = "vllm"  # vLLM offline engine (optional extra)
 
 
+# `async` is a Python keyword: the functional form gives the member that name (Hydra converts by name).
+RolloutLoop = enum.Enum("RolloutLoop", [("auto", "auto"), ("async", "async"), ("turns", "turns")])
+
+
 class LossAgg(str, enum.Enum):
     token_mean = "token_mean"  # mean over all model tokens of the batch (DAPO)
     seq_mean_token_mean = "seq_mean_token_mean"  # mean per sequence, then over sequences (GRPO)
@@ -201,7 +205,26 @@ class RolloutConfig:
         "segment fits",
     )
     max_tool_result_tokens: int = doc(512, "tokens of one interpreter result (head and tail kept)")
-    overlap_sandbox: bool = doc(True, "run half the batch's code while the other half generates")
+    loop: RolloutLoop = doc(
+        RolloutLoop.auto,
+        "how trajectories are scheduled: async = each trajectory on its own (a turn is submitted when the "
+        "trajectory is ready, its code runs as soon as the turn ends, the engine batches whatever is in flight); "
+        "turns = every running trajectory generates a turn, then their code runs, then the next turn; auto = "
+        "async with rollout.engine=vllm, turns with hf (measured faster on each; README, Rollout loops). Either "
+        "samples the same trajectories: a request's seed follows from (seed, step, question, sample, turn)",
+    )
+    overlap_sandbox: bool = doc(True, "rollout.loop=turns: run half the batch's code while the other half generates")
+    trajectory_timeout_s: float = doc(
+        1800.0,
+        "a trajectory still running this long after its batch started stops (stop reason `deadline`) and is "
+        "left out of the loss as an infrastructure failure; 0 = no deadline. A run that hits it is no longer "
+        "reproducible (which trajectories stop depends on the machine's speed)",
+    )
+    engine_timeout_s: float = doc(
+        1800.0,
+        "every engine call (a turn's batch, one step of the async loop) and weight sync must return within "
+        "this, else the run stops with an error naming it (resume by rerunning); 0 = no limit",
+    )
     max_sandbox_infra_error_rate: float = doc(
         0.2, "above this share of failed sandbox calls a batch stops with an error"
     )
@@ -235,6 +258,8 @@ class RolloutConfig:
             "rollout.vllm_kv_cache_gib",
             "must be >= 0 (0 = from the utilization)",
         )
+        for key in ("trajectory_timeout_s", "engine_timeout_s"):
+            _check(getattr(self, key) >= 0, f"rollout.{key}", "must be >= 0 (0 = no limit)")
         _check(
             0 <= self.max_sandbox_infra_error_rate <= 1,
             "rollout.max_sandbox_infra_error_rate",

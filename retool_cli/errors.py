@@ -11,3 +11,11 @@ class ConfigError(RetoolError, ValueError):
 
 class DataError(RetoolError, ValueError):
     """Bad input data; the message names the file (or dataset) and the line (or row)."""
+
+
+class EngineRequestError(RetoolError):
+    """The rollout engine refused or dropped one request (not the whole engine): that trajectory is void."""
+
+
+class EngineTimeout(RetoolError):
+    """An engine call or weight sync did not return within rollout.engine_timeout_s."""

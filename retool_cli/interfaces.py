@@ -30,7 +30,8 @@ class Generation:
 
     token_ids: list[int]  # new tokens, exactly as sampled (the stop string's tokens included)
     logprobs: list[float]  # log p of each sampled token under the temperature-scaled policy
-    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
+    finish_reason: str  # "eos" | "stop" (a stop string) | "length" | "error" (the engine dropped the request)
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache (vLLM; 0 for hf)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ToolOutput:
     text: str  # what the model reads (the protocol wraps it as a tool result; never a special token)
     status: str  # ok, or the tool's word for what went wrong (the interpreter's: error | timeout | killed)
     record: dict[str, Any] = field(default_factory=dict)  # what a trajectory keeps of the call (reason, duration_s)
+    infra_error: bool = False  # the tool itself failed (a sandbox worker died), not the call: the sample is void
 
 
 @dataclass
@@ -80,9 +82,16 @@ class Verdict:
 
 class Engine(Protocol):
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
-        """Continue each prompt (token ids) by at most its budget of new tokens, stopping at EOS or a stop string."""
+        """Continue each prompt (token ids) by at most its budget of new tokens, stopping at EOS or a stop string.
+        `seeds`: each request's own sampling seed (None: sampling.seed + its index); a request's tokens depend on
+        its prompt and seed, not on the other requests of the batch."""
 
     def update_weights(self, policy: Any) -> None:
         """Sample from the policy's current weights from now on (after an optimizer step)."""
@@ -91,6 +100,21 @@ class Engine(Protocol):
         """Free what sampling holds (vLLM's KV cache) while the trainer runs; wake_up() restores it."""
 
     def wake_up(self) -> None: ...
+
+
+class EngineStream(Protocol):
+    """Requests in flight, each submitted when its trajectory is ready (rollout.loop=async): the engine batches
+    whatever is in flight at each step. One stream per batch of rollouts; none is left open across a weight sync."""
+
+    def submit(self, key: int, prompt: list[int], max_new_tokens: int, seed: int) -> None:
+        """Start a request (the stream's sampling and stop strings). Raises EngineRequestError if the engine
+        refuses this one request."""
+
+    def poll(self) -> list[tuple[int, Generation]]:
+        """Advance the engine (one step for vLLM); the requests that finished, by key."""
+
+    def abort(self, keys: list[int]) -> None:
+        """Drop requests still in flight (a trajectory past its deadline)."""
 
 
 class ToolProtocol(Protocol):

@@ -16,7 +16,12 @@ class ScriptedEngine:
         self.seen_prompts: list[list[int]] = []  # every context it was asked to continue, as ids
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         out = []
         for prompt, budget in zip(prompts, max_new_tokens, strict=True):

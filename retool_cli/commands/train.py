@@ -20,6 +20,7 @@ from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
 from retool_cli.faults import die_if_due
+from retool_cli.interfaces import Engine
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
@@ -34,6 +35,7 @@ from retool_cli.rl.distributed import (
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
+from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, open_runtime, run_folder
 
@@ -109,19 +111,21 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     ):
         engine, tools, verifier = rt.engine, rt.tools, rt.judge
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
-        engine.update_weights(model)
+        sync_weights(config, engine, model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
         plan = StepPlan.of(config)
         for step in range(start + 1, t.total_steps + 1):
             timer = Timer()
             with timer("rollout_s"), weights_for(config, model):
                 batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
-            engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
+            with engine_call(config, "the engine's sleep"):
+                engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
                 stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
-            engine.wake_up()
+            with engine_call(config, "the engine's wake-up"):
+                engine.wake_up()
             # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
-            engine.update_weights(model)
+            sync_weights(config, engine, model)
             row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
@@ -151,3 +155,13 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
+
+
+def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:
+    """A call into the engine outside the rollouts, under rollout.engine_timeout_s."""
+    return time_limit(config.rollout.engine_timeout_s, what, "rollout.engine_timeout_s")
+
+
+def sync_weights(config: RetoolConfig, engine: Engine, model: Any) -> None:
+    with engine_call(config, "the weight sync into the engine"):
+        engine.update_weights(model)

@@ -287,7 +287,7 @@ class RewardScore:
     correct: bool
     formatted: bool  # a complete boxed answer was found where it must be
     truncated: bool  # the response hit a length limit (never rewarded as correct)
-    timed_out: bool  # the judge ran out of time (counted as wrong)
+    timed_out: bool  # the judge ran out of time: wrong in eval; void in training (left out of the update)
     overlong_penalty: float = 0.0
 
 

@@ -53,6 +53,7 @@ class CodeInterpreter:
                 format_result(r, self.tokenizer, self.max_result_tokens),
                 r.status,
                 {"reason": r.reason, "duration_s": r.duration_s},
+                infra_error=r.infra_error,
             )
             for r in results
         ]

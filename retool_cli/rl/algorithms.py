@@ -11,15 +11,27 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    estimator: str,
+    eps: float = 1e-4,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-trajectory advantages (N,) from rewards (N,) compared within their group (same question).
 
     grpo: (r - group mean) / (group std + eps), std unbiased as in TRL; dr_grpo: r - group mean
     (no std scaling, Liu et al. 2025); rloo: r - mean of the *other* samples of the group.
+    `valid` (N,) bool: False marks a void sample (the infrastructure failed it: a dead sandbox worker, a dropped
+    request, a judge time-out); it gets 0 and its group's statistics are those of the others, as if it had not
+    been drawn, instead of a fake zero reward biasing them (open-instruct measured the bias in GRPO groups).
     """
     advantages = torch.zeros_like(rewards)
+    valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
     for group in torch.unique(group_ids):
-        members = group_ids == group
+        members = (group_ids == group) & valid
+        if not members.any():
+            continue
         r = rewards[members]
         centred = r - r.mean()
         if estimator == "grpo":
@@ -44,13 +56,18 @@ def shuffled_rewards(rewards: torch.Tensor, seed: int) -> torch.Tensor:
     return rewards[torch.randperm(len(rewards), generator=generator)]
 
 
-def degenerate_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """(N,) True where the trajectory's group has identical rewards: zero advantage, no gradient
-    (DAPO's dynamic sampling drops these groups and samples more)."""
+def degenerate_groups(
+    rewards: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N,) True where the trajectory's group has identical rewards among its valid samples (all of them when
+    `valid` is None; a group with none is degenerate): zero advantage, no gradient (DAPO's dynamic sampling
+    drops these groups and samples more)."""
     out = torch.zeros_like(rewards, dtype=torch.bool)
+    valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
     for group in torch.unique(group_ids):
         members = group_ids == group
-        out[members] = bool((rewards[members] == rewards[members][0]).all())
+        r = rewards[members & valid]
+        out[members] = bool((r == r[0]).all()) if r.numel() else True
     return out
 
 

@@ -91,6 +91,9 @@ def collect(
         started = time.perf_counter()
         scores = score_batch([x.response() for x in got], plan.reward, verifier)
         metrics = {**metrics, "rollout/reward_s": time.perf_counter() - started}  # the judge's time
+        for x, s in zip(got, scores, strict=True):
+            if s.timed_out and not x.infra:  # no verdict: no evidence about this sample (left out of the update)
+                x.infra = "judge"
         rewards = torch.tensor([s.reward for s in scores])  # (N,)
         if plan.reward.control is RewardControl.shuffled:  # a control run: the rewards' link to correctness cut
             rewards = shuffled_rewards(rewards, seed)
@@ -98,7 +101,10 @@ def collect(
         if not t.dynamic_sampling:
             break
         so_far = Batch.concat(rounds)
-        varied = ~degenerate_groups(so_far.tensors["reward"], group_ids(so_far.objects["trajectory"]))
+        so_far_trajectories = so_far.objects["trajectory"]
+        varied = ~degenerate_groups(
+            so_far.tensors["reward"], group_ids(so_far_trajectories), valid_samples(so_far_trajectories)
+        )
         if all_reduce_sum(int(varied.sum())) // plan.rollout.group_size >= t.questions_per_step:
             break
     batch = Batch.concat(rounds)
@@ -128,6 +134,11 @@ def _merge_round_metrics(rounds: list[Batch]) -> dict[str, float]:
     return merged
 
 
+def valid_samples(trajectories: list[Trajectory]) -> torch.Tensor:
+    """(N,) False for a void trajectory (the infrastructure failed it: Trajectory.infra)."""
+    return torch.tensor([not x.infra for x in trajectories], dtype=torch.bool)
+
+
 def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
     """(N,) the index of each trajectory's question, in first-seen order."""
     index: dict[str, int] = {}
@@ -141,11 +152,13 @@ def update(
     t = plan.trainer
     device = next(model.parameters()).device
     trajectories, rewards = batch.objects["trajectory"], batch.tensors["reward"]
-    groups = group_ids(trajectories)
-    advantages = group_advantages(rewards, groups, t.advantage)  # (N,)
-    degenerate = degenerate_groups(rewards, groups)  # (N,)
+    groups, valid = group_ids(trajectories), valid_samples(trajectories)
+    advantages = group_advantages(rewards, groups, t.advantage, valid=valid)  # (N,)
+    degenerate = degenerate_groups(rewards, groups, valid)  # (N,)
+    # a void sample (its infrastructure failed) and, with mask_truncated, a truncated one get no gradient
     masks = [
-        [0] * len(x.response_mask) if (t.mask_truncated and x.truncated) else x.response_mask for x in trajectories
+        [0] * len(x.response_mask) if x.infra or (t.mask_truncated and x.truncated) else x.response_mask
+        for x in trajectories
     ]
     # The sampling logprobs are the engine's; the trainer recomputes them so that ratios compare like with like.
     # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
@@ -207,6 +220,7 @@ def update(
     out["train/entropy"] = entropy_sum / entropy_tokens if entropy_tokens else 0.0
     out["train/optimizer_steps"] = float(len(stats["loss"]))  # 0 when every token was masked (all truncated)
     out["train/degenerate_group_rate"] = float(degenerate.float().mean())
+    out["train/void_rate"] = float((~valid).float().mean())  # left out of the loss: infrastructure failures
     out["train/advantage_abs"] = float(advantages.abs().mean())
     out["train/lr"] = scheduler.get_last_lr()[0]
     return out

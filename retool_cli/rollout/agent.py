@@ -2,28 +2,55 @@
 sandbox runs it), the result goes back into the context, the model continues.
 
     examples x group_size --prompt_ids--> Trajectory
-      loop: engine.generate (only rows still running) --> parse the turn -->
-            answered | out of budget | a tool call --tool.run_many (each tool's calls of the round
-            together)--> result ids (mask 0) appended --> again
+      a turn (the exact ids so far, the request's own seed) --> parse it -->
+            answered | out of budget | a tool call --Tool.run_many--> result ids (mask 0) appended --> again
 
-Token-in, token-out: a trajectory is the exact sampled ids plus the rendered tool segments; its
-history is never re-encoded. With `overlap_sandbox`, the batch runs as two cohorts so that one
-cohort's tool calls run while the other generates.
+Two schedules (rollout.loop), the same trajectories:
+  turns: every running trajectory generates a turn in one engine call, then their calls run, then the next
+         turn (with `overlap_sandbox` as two cohorts, one's calls running while the other generates);
+  async: each trajectory on its own: its turn is submitted the moment it is ready, its call runs the moment
+         the turn ends, and the engine (vLLM: one step at a time) batches whatever is in flight, so a slow
+         tool call holds back only its own trajectory.
+A request's seed is a hash of (the batch's seed: run seed, step, round; the question; the sample; the turn),
+and an engine samples a request from its prompt and seed alone, so the order in which turns and tool calls
+finish changes nothing: on CPU the two schedules give the same tokens (tests/unit/test_schedules.py).
+
+Token-in, token-out: a trajectory is the exact sampled ids plus the rendered tool segments; its history is
+never re-encoded. Nothing hangs: a trajectory past rollout.trajectory_timeout_s stops (`deadline`), every
+engine call has rollout.engine_timeout_s (rollout/watchdog.py). A trajectory the infrastructure failed (a
+sandbox worker died, the engine dropped its request, its deadline) is marked void (`infra`): the trainer leaves
+it out of the loss and of its group's statistics rather than score it as a wrong answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from retool_cli.config import RolloutConfig
+from retool_cli.config import RolloutConfig, RolloutEngine, RolloutLoop
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.reward import Response, RewardScore
-from retool_cli.interfaces import Engine, Generation, Sampling, Tool, ToolCall, ToolOutput, ToolProtocol
+from retool_cli.errors import EngineRequestError
+from retool_cli.interfaces import Engine, EngineStream, Generation, Sampling, Tool, ToolCall, ToolOutput, ToolProtocol
+from retool_cli.rollout.watchdog import time_limit
 
-STOP_REASONS = ("answered", "length", "turn_budget", "code_budget", "invalid_tool_call", "context_overflow")
+STOP_REASONS = (
+    "answered",
+    "length",
+    "turn_budget",
+    "code_budget",
+    "invalid_tool_call",
+    "context_overflow",
+    "deadline",  # still running at rollout.trajectory_timeout_s (void)
+    "infra_error",  # a tool's infrastructure failed or the engine dropped the request (void)
+)
+INFRA_CAUSES = ("sandbox", "engine", "deadline", "judge")  # why a trajectory is void (Trajectory.infra)
 
 
 @dataclass
@@ -41,6 +68,7 @@ class Trajectory:
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "tool", decoded text), in order
     stop_reason: str = ""  # one of STOP_REASONS once finished
     truncated: bool = False  # stopped by a length limit in the middle of a turn or a tool result
+    infra: str = ""  # one of INFRA_CAUSES when the infrastructure failed it: no evidence about the policy
 
     @property
     def token_ids(self) -> list[int]:
@@ -84,6 +112,7 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None, tools: list[Tool
         "overlong_penalty": s.overlong_penalty,
         "truncated": t.truncated,
         "judge_timed_out": s.timed_out,
+        "infra_failure": t.infra or ("judge" if s.timed_out else ""),
         "turns": t.turns,
         **tool_fields,
         "prompt_tokens": len(t.prompt_ids),
@@ -92,6 +121,21 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None, tools: list[Tool
         "stop_reason": t.stop_reason,
         "segments": [list(segment) for segment in t.segments],
     }
+
+
+def request_seed(batch_seed: int, question: str, sample_index: int, turn: int) -> int:
+    """The sampling seed of one request: a hash of (the batch's seed, the question (its id, and which occurrence
+    of it in the batch), the sample, the turn), so that no schedule, batch composition or completion order
+    changes what a trajectory samples. 63 bits (vLLM's and torch's generators take them)."""
+    key = f"{batch_seed}|{question}|{sample_index}|{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def loop_of(cfg: RolloutConfig) -> str:
+    """`async` or `turns`: rollout.loop, with auto resolved (async with vLLM, turns with hf: README, Rollout loops)."""
+    if cfg.loop is RolloutLoop.auto:
+        return "async" if cfg.engine is RolloutEngine.vllm else "turns"
+    return str(cfg.loop.value)
 
 
 @dataclass
@@ -113,46 +157,157 @@ def run_rollouts(
     sampling: Sampling | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Sample `group_size` trajectories per example (grouped: example 0's samples first), calling `tools` (the
-    protocol's calls name them; none with protocol=none). Returns the trajectories and the batch's rollout
-    metrics."""
+    protocol's calls name them; none with protocol=none), scheduled as rollout.loop says. Returns the
+    trajectories and the batch's rollout metrics."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
     trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
     for t in trajectories:
         if len(t.prompt_ids) >= max_context_tokens:
             t.stop_reason, t.truncated = "context_overflow", True
-    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens)
+    occurrence: Counter[str] = Counter()
+    questions = []  # each trajectory's question key: its id, and which occurrence of it in the batch
+    for ex in examples:
+        questions += [f"{ex.id}#{occurrence[ex.id]}"] * group
+        occurrence[ex.id] += 1
+    by_trajectory = dict(zip(map(id, trajectories), questions, strict=True))
+    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory)
     for tool in tools:
         tool.reset()
-    cohorts = [trajectories[0::2], trajectories[1::2]] if cfg.overlap_sandbox and tools else [trajectories]
-    with ThreadPoolExecutor(1, thread_name_prefix="tools") as worker:
+    if loop_of(cfg) == "async":
+        with _open_stream(engine, protocol.stop_strings, base) as stream:
+            _run_async(loop, trajectories, stream)
+    else:
+        _run_turns(loop, trajectories, overlap=cfg.overlap_sandbox and bool(tools))
+    return trajectories, loop.metrics(trajectories)
+
+
+def _run_turns(loop: _Loop, trajectories: list[Trajectory], overlap: bool) -> None:
+    """rollout.loop=turns: a round is one engine call for every running trajectory of a cohort, then the round's
+    tool calls (each tool's together); with `overlap`, two cohorts, one's calls running while the other
+    generates."""
+    cohorts = [trajectories[0::2], trajectories[1::2]] if overlap else [trajectories]
+    with _tool_pool(1) as worker:
         pending: list[Future[Any] | None] = [None] * len(cohorts)
-        step = 0
         while True:
             progressed = False
             for c, cohort in enumerate(cohorts):
                 future = pending[c]
-                if future is not None:  # this cohort's code ran while the other cohort generated
+                if future is not None:  # this cohort's calls ran while the other cohort generated
                     started = time.perf_counter()
-                    done = future.result()
+                    with contextlib.suppress(TimeoutError):  # past the deadline: stopped below
+                        loop.apply_tool_results(future.result(timeout=loop.time_left()))
                     loop.wait_tools_s += time.perf_counter() - started
-                    loop.apply_tool_results(done)
                     pending[c] = None
                 running = [t for t in cohort if not t.stop_reason]
+                if loop.past_deadline():
+                    loop.stop_at_deadline(running)
+                    continue
                 if not running:
                     continue
                 progressed = True
-                jobs = loop.generate_round(running, seed_offset=step * len(cohorts) + c)
+                jobs = loop.generate_round(running)
                 if jobs:
                     pending[c] = worker.submit(loop.run_tools, jobs)
-            step += 1
             if not progressed and all(p is None for p in pending):
                 break
-    return trajectories, loop.metrics(trajectories)
+
+
+@contextlib.contextmanager
+def _tool_pool(threads: int) -> Iterator[ThreadPoolExecutor]:
+    """Threads for tool calls. Leaving it never waits: calls still running are those of trajectories stopped at
+    their deadline (or of a batch that failed), and their results are not wanted."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="tools")
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream) -> None:
+    """rollout.loop=async: each trajectory's turn is submitted when it is ready, each call runs in the tool pool
+    the moment its turn ends, and the engine advances whatever is in flight."""
+    in_flight: dict[int, int] = {}  # trajectory index -> its turn's token budget
+    calls: dict[Future[list[tuple[_ToolJob, ToolOutput | None]]], _ToolJob] = {}
+    index = {id(t): i for i, t in enumerate(trajectories)}
+
+    def submit(t: Trajectory) -> None:
+        i, budget = index[id(t)], loop.budget(t)
+        try:
+            stream.submit(i, t.token_ids, budget, loop.seed_of(t))
+        except EngineRequestError:
+            t.stop_reason, t.infra = "infra_error", "engine"
+            return
+        in_flight[i] = budget
+
+    with _tool_pool(max(1, min(64, len(trajectories)))) as pool:
+        for t in trajectories:
+            if not t.stop_reason:
+                submit(t)
+        while in_flight or calls:
+            if loop.past_deadline():
+                stream.abort(list(in_flight))
+                loop.stop_at_deadline([t for t in trajectories if not t.stop_reason])
+                break
+            started = time.perf_counter()
+            if in_flight:
+                with time_limit(loop.cfg.engine_timeout_s, "an engine step of the async loop", _TIMEOUT_KEY):
+                    finished = stream.poll()
+                for i, gen in finished:
+                    job = loop.finish_turn(trajectories[i], gen, in_flight.pop(i))
+                    if job is not None:
+                        calls[pool.submit(loop.run_tools, [job])] = job
+                loop.generate_s += time.perf_counter() - started  # time with requests in flight
+                done = {f for f in calls if f.done()}
+            else:  # nothing in flight: wait for the first call to come back
+                done, _ = wait(list(calls), timeout=loop.time_left(), return_when=FIRST_COMPLETED)
+                loop.wait_tools_s += time.perf_counter() - started
+            for future in done:
+                job = calls.pop(future)
+                loop.apply_tool_results(future.result())
+                if not job.trajectory.stop_reason:
+                    submit(job.trajectory)
+
+
+_TIMEOUT_KEY = "rollout.engine_timeout_s"
+
+
+@contextlib.contextmanager
+def _open_stream(engine: Engine, stop_strings: list[str], sampling: Sampling) -> Iterator[EngineStream]:
+    """The engine's own stream (vLLM), or, for an engine that only samples whole batches (hf), a stream whose
+    every poll generates everything submitted since the last."""
+    own = getattr(engine, "stream", None)
+    if own is not None:
+        with own(stop_strings, sampling) as stream:
+            yield stream
+    else:
+        yield _BatchStream(engine, stop_strings, sampling)
+
+
+class _BatchStream:
+    """EngineStream over Engine.generate: a poll is one engine call over the requests submitted since the last."""
+
+    def __init__(self, engine: Engine, stop_strings: list[str], sampling: Sampling) -> None:
+        self.engine, self.stop_strings, self.sampling = engine, stop_strings, sampling
+        self.queued: dict[int, tuple[list[int], int, int]] = {}  # key -> (prompt, budget, seed)
+
+    def submit(self, key: int, prompt: list[int], max_new_tokens: int, seed: int) -> None:
+        self.queued[key] = (prompt, max_new_tokens, seed)
+
+    def poll(self) -> list[tuple[int, Generation]]:
+        keys, requests = list(self.queued), list(self.queued.values())
+        self.queued = {}
+        prompts, budgets, seeds = [r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests]
+        generations = self.engine.generate(prompts, budgets, self.stop_strings, self.sampling, seeds)
+        return list(zip(keys, generations, strict=True))
+
+    def abort(self, keys: list[int]) -> None:
+        for key in keys:
+            self.queued.pop(key, None)
 
 
 class _Loop:
-    """The per-batch state of the loop: budgets, the engine and tool calls, timing."""
+    """The per-batch state of the loop: budgets, seeds, deadline, what a turn and a tool result do, timing."""
 
     def __init__(
         self,
@@ -162,49 +317,64 @@ class _Loop:
         cfg: RolloutConfig,
         sampling: Sampling,
         max_context: int,
+        questions: dict[int, str],
     ) -> None:
+        """`questions`: each trajectory's question key (its id, and which occurrence in the batch), by id(t)."""
         self.engine, self.protocol, self.cfg = engine, protocol, cfg
         self.tools = {tool.name: tool for tool in tools}
-        self.sampling, self.max_context = sampling, max_context
+        self.sampling, self.max_context, self.questions = sampling, max_context, questions
         self.tokenizer = protocol.tokenizer
+        self.deadline = time.monotonic() + cfg.trajectory_timeout_s if cfg.trajectory_timeout_s > 0 else None
         self.generate_s = self.wait_tools_s = 0.0
-        self.sampled_tokens = 0
+        self.sampled_tokens = self.prompt_tokens = self.cached_tokens = 0
 
-    def generate_round(self, running: list[Trajectory], seed_offset: int) -> list[_ToolJob]:
-        cfg = self.cfg
-        per_turn = cfg.max_tokens_per_turn or cfg.max_response_tokens  # None: the rest of the response budget
-        budgets = [
-            min(per_turn, cfg.max_response_tokens - len(t.response_ids), self.max_context - len(t.token_ids))
-            for t in running
-        ]
-        sampling = Sampling(
-            self.sampling.temperature,
-            self.sampling.top_p,
-            self.sampling.top_k,
-            self.sampling.seed * 1_000_003 + seed_offset,
-        )
+    def seed_of(self, t: Trajectory) -> int:
+        """The seed of the trajectory's next turn."""
+        return request_seed(self.sampling.seed, self.questions[id(t)], t.sample_index, t.turns)
+
+    def budget(self, t: Trajectory) -> int:
+        """The token budget of a trajectory's next turn."""
+        per_turn = self.cfg.max_tokens_per_turn or self.cfg.max_response_tokens  # None: the rest of the response
+        return min(per_turn, self.cfg.max_response_tokens - len(t.response_ids), self.max_context - len(t.token_ids))
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def stop_at_deadline(self, running: list[Trajectory]) -> None:
+        for t in running:
+            t.stop_reason, t.infra = "deadline", "deadline"
+
+    def generate_round(self, running: list[Trajectory]) -> list[_ToolJob]:
+        """rollout.loop=turns: one engine call for `running` (trajectories in batch order); their tool calls."""
+        budgets = [self.budget(t) for t in running]
+        seeds = [self.seed_of(t) for t in running]
         started = time.perf_counter()
-        generations = self.engine.generate(
-            [t.token_ids for t in running], budgets, self.protocol.stop_strings, sampling
-        )
+        with time_limit(self.cfg.engine_timeout_s, "a turn's engine call", _TIMEOUT_KEY):
+            generations = self.engine.generate(
+                [t.token_ids for t in running], budgets, self.protocol.stop_strings, self.sampling, seeds
+            )
         self.generate_s += time.perf_counter() - started
-        jobs = []
-        for t, gen, budget in zip(running, generations, budgets, strict=True):
-            self.sampled_tokens += len(gen.token_ids)
-            t.response_ids += gen.token_ids
-            t.response_mask += [1] * len(gen.token_ids)
-            t.response_logprobs += gen.logprobs
-            t.turns += 1
-            turn_text = self.tokenizer.decode(gen.token_ids)
-            t.segments.append(("model", turn_text))
-            job = self._after_turn(t, gen, turn_text, budget)
-            if job is not None:
-                jobs.append(job)
-        return jobs
+        jobs = [self.finish_turn(t, gen, budget) for t, gen, budget in zip(running, generations, budgets, strict=True)]
+        return [job for job in jobs if job is not None]
 
-    def _after_turn(self, t: Trajectory, gen: Generation, turn_text: str, budget: int) -> _ToolJob | None:
+    def finish_turn(self, t: Trajectory, gen: Generation, budget: int) -> _ToolJob | None:
+        """Append a generated turn; the tool call it makes (None when the trajectory stops here)."""
+        self.sampled_tokens += len(gen.token_ids)
+        self.prompt_tokens += len(t.token_ids)
+        self.cached_tokens += gen.cached_tokens
+        t.response_ids += gen.token_ids
+        t.response_mask += [1] * len(gen.token_ids)
+        t.response_logprobs += gen.logprobs
+        t.turns += 1
+        turn_text = self.tokenizer.decode(gen.token_ids)
+        t.segments.append(("model", turn_text))
         cfg = self.cfg
-        if gen.finish_reason == "eos":
+        if gen.finish_reason == "error":
+            t.stop_reason, t.infra = "infra_error", "engine"
+        elif gen.finish_reason == "eos":
             t.stop_reason = "answered"
         elif gen.finish_reason == "length":
             t.truncated = True
@@ -223,7 +393,7 @@ class _Loop:
         return None
 
     def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None]]:
-        """Run the round's calls, each tool's together; returns (job, its output, or None for a malformed call)."""
+        """Run calls, each tool's together; returns (job, its output, or None for a malformed call)."""
         outputs: dict[int, ToolOutput] = {}
         for name, tool in self.tools.items():
             mine = [i for i, job in enumerate(jobs) if job.call.name == name]
@@ -234,10 +404,15 @@ class _Loop:
     def apply_tool_results(self, done: list[tuple[_ToolJob, ToolOutput | None]]) -> None:
         for job, output in done:
             t = job.trajectory
-            ids = self.protocol.result_ids(output.text if output is not None else job.call.error)
+            if t.stop_reason:  # stopped while its call ran (the deadline)
+                continue
             if output is not None:
                 t.tool_calls.append(job.call)
                 t.tool_outputs.append(output)
+                if output.infra_error:  # the tool broke, not the code: what follows would be evidence of nothing
+                    t.stop_reason, t.infra = "infra_error", "sandbox"
+                    continue
+            ids = self.protocol.result_ids(output.text if output is not None else job.call.error)
             if len(t.response_ids) + len(ids) >= self.cfg.max_response_tokens:
                 t.stop_reason, t.truncated = "length", True
             elif len(t.token_ids) + len(ids) >= self.max_context:
@@ -262,12 +437,17 @@ class _Loop:
             "rollout/tool_result_tokens": tool_tokens / n,
             "rollout/response_tokens": sum(len(t.response_ids) for t in trajectories) / n,
             "rollout/truncated": sum(t.truncated for t in trajectories) / n,
+            # wall seconds with any request in flight, and the engine's utilisation: tokens decoded per second of it
             "rollout/generate_s": self.generate_s,
-            "rollout/wait_tools_s": self.wait_tools_s,  # time the loop waited on tools (not overlapped)
             "rollout/gen_tokens_per_s": self.sampled_tokens / self.generate_s if self.generate_s else 0.0,
+            "rollout/wait_tools_s": self.wait_tools_s,  # time the loop waited on tools with nothing in flight
+            # prompt tokens of all turns served from the engine's prefix cache (vLLM: the earlier turns' KV)
+            "rollout/prefix_cache_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
         }
         for reason in STOP_REASONS:
             metrics[f"rollout/stop_{reason}"] = sum(t.stop_reason == reason for t in trajectories) / n
+        for cause in INFRA_CAUSES[:-1]:  # the judge's time-outs are counted when scored (reward/judge_timeouts)
+            metrics[f"rollout/void_{cause}"] = sum(t.infra == cause for t in trajectories) / n
         for name, tool in self.tools.items():
             metrics.update(tool.metrics([o for t in trajectories for o in t.outputs_of(name)], len(trajectories)))
         return metrics

@@ -4,8 +4,9 @@ many samples of few prompts (GRPO groups), on CPU or CUDA.
 Why not `model.generate`: identical prompts of a group are prefilled once and their cache rows copied,
 finished rows leave the batch (their cache rows are dropped), there is no logits-processor machinery
 per step, and a token costs one uniform draw instead of one per vocabulary entry. Per-row stop strings, EOS,
-budgets, temperature / top-p / top-k sampling, the sampled tokens' logprobs, and a seeded generator (same
-seed, same tokens on CPU).
+budgets, temperature / top-p / top-k sampling, the sampled tokens' logprobs, and one random stream per
+request: its k-th token's uniform draw is a hash of (its seed, k), so a request samples the same tokens in any
+batch (the agent loop's two schedules rely on it) and the same seed gives the same tokens on CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import torch
 
 from retool_cli.interfaces import Generation, Sampling
@@ -60,7 +62,12 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
         """One continuation per prompt; rows stop at EOS, a stop string, or their own token budget."""
         if not prompts:
@@ -68,15 +75,20 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate(prompts, max_new_tokens, stop_strings, sampling)
+            seeds = seeds if seeds is not None else [sampling.seed + i for i in range(len(prompts))]
+            return self._generate(prompts, max_new_tokens, stop_strings, sampling, seeds)
         finally:
             self.model.train(was_training)
 
     def _generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int],
     ) -> list[Generation]:
         device = self.device
-        generator = torch.Generator(device=device).manual_seed(sampling.seed)
         stopper = _StopChecker(self.tokenizer, stop_strings)
         # A LoRA (peft) policy: decode through its base model, whose layers carry the adapters.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
@@ -105,8 +117,11 @@ class HFEngine:
         finish = ["length"] * n
         active = order  # batch row -> request index; -1 once the row's request is finished
         live = n
+        row_seeds = np.array([seeds[i] % (1 << 64) for i in order], dtype=np.uint64)  # (B,) each row's request's seed
         while True:
-            next_ids, next_logps = _sample(logits, sampling, generator)  # (B,), (B,)
+            drawn = np.array([len(tokens[request]) if request >= 0 else 0 for request in active], dtype=np.uint64)
+            uniforms = torch.from_numpy(request_uniforms(row_seeds, drawn)).to(device)  # (B,) in (0, 1]
+            next_ids, next_logps = _sample(logits, sampling, uniforms)  # (B,), (B,)
             for row, (request, token, logp) in enumerate(
                 zip(active, next_ids.tolist(), next_logps.tolist(), strict=True)
             ):
@@ -132,6 +147,7 @@ class HFEngine:
                     decoder.select(index)
                     next_ids, positions = next_ids[index], positions[index]
                     active = [active[row] for row in keep]
+                    row_seeds = row_seeds[keep]
             positions = positions + 1
             logits = decoder.step(next_ids, positions)
         return [Generation(tokens[i], logps[i], finish[i]) for i in range(n)]
@@ -154,8 +170,21 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids.to(device), mask.to(device)
 
 
-def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return it and its logprob under the temperature-scaled distribution."""
+def request_uniforms(seeds: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """(B,) uniform draws in (0, 1], the `counters[i]`-th of request i's stream: splitmix64 (Steele et al. 2014)
+    of (seed, counter), a counter-based generator, so a draw depends on nothing but its request and position."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps by design
+        x = seeds * np.uint64(0x9E3779B97F4A7C15) + counters * np.uint64(0xD1B54A32D192ED03) + np.uint64(1)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    uniforms: np.ndarray = ((x >> np.uint64(11)).astype(np.float64) + 1.0) / float(1 << 53)  # 53 bits, never 0
+    return uniforms
+
+
+def _sample(logits: torch.Tensor, sampling: Sampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row with its uniform draw (B,); return it and its logprob under the
+    temperature-scaled distribution."""
     if sampling.temperature == 0:
         logprobs = torch.log_softmax(logits, dim=-1)
         ids = logits.argmax(dim=-1)
@@ -174,8 +203,7 @@ def _sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
     # which cost more than a decode step's attention on CPU). float64 keeps the CDF exact enough at any
     # vocabulary size; u in (0, 1] never selects a token of probability zero.
     cdf = filtered.exp().cumsum(dim=-1, dtype=torch.float64)  # (B, V)
-    u = 1.0 - torch.rand((len(cdf), 1), generator=generator, dtype=torch.float64, device=cdf.device)
-    ids = torch.searchsorted(cdf, u * cdf[:, -1:])[:, 0].clamp(max=cdf.shape[-1] - 1)  # (B,)
+    ids = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:])[:, 0].clamp(max=cdf.shape[-1] - 1)  # (B,)
     return ids, logprobs.gather(-1, ids[:, None])[:, 0]
 
 

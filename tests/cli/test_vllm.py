@@ -4,9 +4,11 @@ greedy parity with the hf engine from the first step, exact resume after SIGKILL
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.cli.test_train import SFT, TRAIN, comparable, metrics_of
 from tests.helpers import die_after, read_jsonl, run_retool
@@ -34,7 +36,8 @@ ROLLOUT_METRICS = (
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("sft")
-    run_retool("sft", *SFT, "hydra.run.dir=run", cwd=work, check=True)
+    # longer than test_train's (30 steps): a checkpoint that writes calls (most of them still malformed)
+    run_retool("sft", *SFT, "sft.steps=60", "hydra.run.dir=run", cwd=work, check=True)
     return work / "run"
 
 
@@ -116,3 +119,72 @@ def test_two_processes_each_with_its_own_vllm_engine(sft_run: Path, tmp_path: Pa
     assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
     assert (proc.stdout + proc.stderr).count("external launcher (one per process)") == 2
     assert (tmp_path / "run" / "final.txt").exists()
+
+
+def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
+    """vLLM's stream (rollout.loop=async: one request per trajectory turn, the engine stepping whatever is in
+    flight) against its batch calls (turns) on the SFT checkpoint at temperature 1, through the real sandbox and
+    the recipe's protocol: the same trajectories token for token, also when tool calls finish in a random order;
+    later turns are served from the prefix cache. A deadline mid-decode aborts the requests in flight, and the
+    engine is left with none (a weight sync then goes through)."""
+    from transformers import AutoTokenizer
+
+    from retool_cli.config import (
+        Isolation,
+        ModelConfig,
+        ProtocolConfig,
+        RolloutConfig,
+        RolloutLoop,
+        SandboxConfig,
+        SyntheticConfig,
+    )
+    from retool_cli.data.dataset import MathExample
+    from retool_cli.data.synthetic import generate
+    from retool_cli.env.protocol import build_protocol
+    from retool_cli.env.sandbox import Sandbox
+    from retool_cli.env.tools import CodeInterpreter
+    from retool_cli.model.loading import load_model
+    from retool_cli.rl.checkpoints import latest_checkpoint
+    from retool_cli.rollout.agent import run_rollouts
+    from retool_cli.rollout.vllm_engine import VLLMEngine
+    from tests.unit.test_schedules import Jittered
+
+    checkpoint = latest_checkpoint(sft_run)
+    assert checkpoint is not None
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    engine = VLLMEngine(str(checkpoint), "float32", 0, 1024, 0.5, False, kv_cache_gib=0.25, tokenizer=tokenizer)
+    recipe_prompt = "Solve it. Use <code> for hard arithmetic. Answer in \\boxed{}."  # conf/recipe/dapo_smoke.yaml
+    protocol = build_protocol(ProtocolConfig(system_prompt=recipe_prompt), tokenizer)
+    examples = [MathExample(i, q, a, "synthetic") for i, q, a, _ in generate(SyntheticConfig(num_examples=8), 3)]
+    cfg = RolloutConfig(group_size=4, max_response_tokens=160, max_tokens_per_turn=96)
+    runs = {}
+    with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as sandbox:
+        interpreter = CodeInterpreter(sandbox, tokenizer, cfg)
+        for name, loop, tools in (
+            ("turns", RolloutLoop.turns, [interpreter]),
+            ("async", RolloutLoop["async"], [interpreter]),
+            ("jittered", RolloutLoop["async"], [Jittered(interpreter, 0.1)]),
+        ):
+            runs[name] = run_rollouts(
+                examples, engine, protocol, tools, replace(cfg, loop=loop), seed=11, max_context_tokens=1024
+            )
+        late, _ = run_rollouts(
+            examples,
+            engine,
+            protocol,
+            [interpreter],
+            replace(cfg, loop=RolloutLoop["async"], trajectory_timeout_s=0.3),
+            seed=11,
+            max_context_tokens=1024,
+        )
+    reference, _ = runs["turns"]
+    # multi-turn (a call, well-formed or not, answered before the next turn) and the real sandbox ran
+    assert sum(t.turns > 1 for t in reference) >= 8 and sum(len(t.tool_calls) for t in reference) >= 1
+    for name, (trajectories, run_metrics) in runs.items():
+        assert [t.response_ids for t in trajectories] == [t.response_ids for t in reference], name
+        assert [t.stop_reason for t in trajectories] == [t.stop_reason for t in reference], name
+        for a, b in zip(trajectories, reference, strict=True):
+            assert torch.allclose(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs), atol=1e-4)
+        assert run_metrics["rollout/prefix_cache_hit_rate"] > 0.3, (name, run_metrics)
+    assert "deadline" in {t.stop_reason for t in late} and not engine.llm.llm_engine.has_unfinished_requests()
+    engine.update_weights(load_model(ModelConfig(name_or_path=str(checkpoint), device="cpu")))

@@ -1,0 +1,308 @@
+"""The two schedules of the agent loop (rollout.loop=async | turns) sample the same trajectories whatever the
+tool latencies; deadlines, engine time-outs and infrastructure failures end trajectories (or the run) the way
+they should. The real sandbox throughout; the hf engine on a tiny policy trained to call the interpreter.
+vLLM's stream is tested in tests/cli/test_vllm.py (on the SFT checkpoint of the smoke recipe)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from retool_cli.config import Isolation, RolloutConfig, RolloutLoop, SandboxConfig
+from retool_cli.data.dataset import MathExample
+from retool_cli.env.protocol import TaggedProtocol
+from retool_cli.env.sandbox import Sandbox
+from retool_cli.env.tools import CodeInterpreter
+from retool_cli.errors import EngineTimeout
+from retool_cli.interfaces import ExecResult, Generation, Sampling, ToolOutput
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rollout.agent import request_seed, run_rollouts
+from retool_cli.rollout.hf_engine import HFEngine
+from retool_cli.rollout.watchdog import EXIT_STUCK, time_limit
+from tests.scripted import ScriptedEngine
+
+ASYNC, TURNS = RolloutLoop["async"], RolloutLoop.turns
+CODE = "Let me compute.\n<code>\n```python\nprint({a} * {b})\n```\n</code>"
+ANSWER = "So the answer is \\boxed{{{value}}}.<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(tiny_model_path())
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as box:
+        yield box
+
+
+def questions(n: int) -> list[MathExample]:
+    return [MathExample(f"q{i}", f"What is {12 + i} * {30 + i}?", str((12 + i) * (30 + i)), "test") for i in range(n)]
+
+
+class Jittered:
+    """A tool that returns its inner tool's output after a random delay drawn from true randomness: the order
+    in which calls finish differs from run to run (and from the order they were made)."""
+
+    def __init__(self, inner: Any, most_s: float) -> None:
+        self.inner, self.most_s = inner, most_s
+        self.name, self.schema = inner.name, inner.schema
+        self.rng = random.SystemRandom()
+
+    def run_many(self, calls: list[dict[str, Any]]) -> list[ToolOutput]:
+        time.sleep(self.rng.uniform(0, self.most_s))
+        return self.inner.run_many(calls)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def row(self, outputs: list[ToolOutput]) -> dict[str, float]:
+        return self.inner.row(outputs)
+
+    def metrics(self, outputs: list[ToolOutput], trajectories: int) -> dict[str, float]:
+        return self.inner.metrics(outputs, trajectories)
+
+
+class SeededScript(ScriptedEngine):
+    """A scripted model whose turns depend on each request's seed, as a sampled model's do: with it the
+    schedules can agree only if every request gets the same seed under both."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer, lambda context, turn: "")
+        self.seeds: list[int] = []
+
+    def generate(self, prompts, max_new_tokens, stop_strings, sampling, seeds=None):
+        assert seeds is not None
+        out = []
+        for prompt, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True):
+            self.seeds.append(seed)
+            rng = random.Random(seed)
+            turn = CODE.format(a=rng.randint(2, 99), b=rng.randint(2, 99)) if rng.random() < 0.7 else ANSWER
+            text = turn.format(value=rng.randint(1, 9))
+            self.script = lambda context, turn_index: text  # noqa: B023 (called at once, below)
+            out += super().generate([prompt], [budget], stop_strings, sampling)
+        return out
+
+
+def run(engine, tokenizer, tools, loop, n=4, **overrides) -> tuple[list, dict]:
+    values = {"group_size": 3, "max_response_tokens": 400, "max_turns": 5, "max_code_calls": 4, "loop": loop}
+    cfg = RolloutConfig(**{**values, **overrides})
+    protocol = TaggedProtocol(tokenizer, "SYS")
+    return run_rollouts(questions(n), engine, protocol, tools, cfg, seed=5, max_context_tokens=1024)
+
+
+def same(a: list, b: list) -> None:
+    assert [t.response_ids for t in a] == [t.response_ids for t in b]
+    assert [t.response_mask for t in a] == [t.response_mask for t in b]
+    assert [t.stop_reason for t in a] == [t.stop_reason for t in b]
+    assert [[o.text for o in t.tool_outputs] for t in a] == [[o.text for o in t.tool_outputs] for t in b]
+
+
+def test_request_seeds_follow_the_request_not_the_schedule() -> None:
+    seeds = {request_seed(0, q, j, turn) for q in ("q0#0", "q0#1", "q1#0") for j in range(4) for turn in range(3)}
+    assert len(seeds) == 36 and all(0 <= s < 2**63 for s in seeds)
+    assert request_seed(0, "q0#0", 1, 2) == request_seed(0, "q0#0", 1, 2) != request_seed(1, "q0#0", 1, 2)
+
+
+def test_the_schedules_sample_the_same_trajectories_under_random_tool_latencies(tokenizer, sandbox) -> None:
+    """A scripted model whose turns follow each request's seed, the real sandbox behind a tool that finishes
+    calls in a random order: async (twice, with other latencies) and turns (with and without cohorts) agree
+    call for call; the seeds asked for are the same set."""
+    tools = [Jittered(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), most_s=0.05)]
+    runs = {}
+    schedules = (("turns", TURNS, False), ("cohorts", TURNS, True), ("a1", ASYNC, True), ("a2", ASYNC, True))
+    for name, loop, overlap in schedules:
+        engine = SeededScript(tokenizer)
+        trajectories, metrics = run(engine, tokenizer, tools, loop, overlap_sandbox=overlap)
+        runs[name] = (trajectories, sorted(engine.seeds), metrics)
+    reference, seeds, _ = runs["turns"]
+    assert sum(len(t.tool_calls) for t in reference) >= 8 and len({t.turns for t in reference}) >= 2
+    assert all(t.stop_reason in ("answered", "code_budget", "turn_budget") for t in reference)
+    for name, (trajectories, asked, metrics) in runs.items():
+        same(trajectories, reference)
+        assert asked == seeds, name
+        assert metrics["rollout/generate_s"] > 0 and metrics["rollout/void_sandbox"] == 0
+
+
+@pytest.fixture(scope="module")
+def code_policy(tokenizer, sandbox):
+    """The tiny model trained on a few code-calling trajectories: sampled at temperature 1 it writes code calls
+    (of varied lengths, some malformed), and the real sandbox runs them."""
+    protocol = TaggedProtocol(tokenizer, "SYS")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    texts = []
+    for ex, (a, b) in zip(questions(3), [(12, 30), (13, 31), (14, 32)], strict=True):
+        result = "\n<interpreter>\n" + str(a * b) + "\n</interpreter>\n"
+        turns = CODE.format(a=a, b=b) + result + ANSWER.format(value=a * b)
+        texts.append(protocol.prompt_ids(ex.question) + tokenizer.encode(turns, add_special_tokens=False))
+    torch.manual_seed(0)
+    for step in range(120):
+        ids = torch.tensor([texts[step % 3]])
+        optimizer.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_the_schedules_agree_on_a_sampled_policy_through_the_real_sandbox(tokenizer, sandbox, code_policy) -> None:
+    """The hf engine at temperature 1 on a policy that calls the interpreter: async (through the stream that
+    batches what is ready) equals turns token for token, logprobs included, under random tool latencies."""
+    engine = HFEngine(code_policy, tokenizer, accelerate=True)
+    interpreter = CodeInterpreter(sandbox, tokenizer, RolloutConfig())
+    turns, _ = run(engine, tokenizer, [interpreter], TURNS, n=3, max_tokens_per_turn=60)
+    jittered, _ = run(engine, tokenizer, [Jittered(interpreter, 0.05)], ASYNC, n=3, max_tokens_per_turn=60)
+    same(turns, jittered)
+    for a, b in zip(turns, jittered, strict=True):
+        assert torch.allclose(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs), atol=1e-5)
+    assert sum(len(t.tool_calls) for t in turns) >= 3 and len({len(t.response_ids) for t in turns}) >= 3
+
+
+class Slow:
+    """A tool whose calls of `slow_code` take `seconds`; the others return at once."""
+
+    def __init__(self, inner: Any, slow_code: str, seconds: float) -> None:
+        self.inner, self.slow_code, self.seconds = inner, slow_code, seconds
+        self.name, self.schema = inner.name, inner.schema
+
+    def run_many(self, calls):
+        if any(call["code"] == self.slow_code for call in calls):
+            time.sleep(self.seconds)
+        return self.inner.run_many(calls)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def row(self, outputs):
+        return self.inner.row(outputs)
+
+    def metrics(self, outputs, trajectories):
+        return self.inner.metrics(outputs, trajectories)
+
+
+@pytest.mark.parametrize("loop", [ASYNC, TURNS])
+def test_a_trajectory_past_its_deadline_stops_void(tokenizer, sandbox, loop) -> None:
+    """One question's code hangs (5 s) past rollout.trajectory_timeout_s (1 s): the batch returns in bounded time,
+    the others that finished keep their answers, the late ones stop with `deadline` and are void."""
+    slow = "print(12 * 30)"
+
+    def script(context: str, turn: int) -> str:
+        if turn == 0:
+            return f"<code>\n```python\n{slow if '12 * 30' in context else 'print(1)'}\n```\n</code>"
+        return ANSWER.format(value=1)
+
+    tools = [Slow(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), slow, 5.0)]
+    started = time.monotonic()
+    trajectories, metrics = run(ScriptedEngine(tokenizer, script), tokenizer, tools, loop, trajectory_timeout_s=1.0)
+    assert time.monotonic() - started < 8
+    late = [t for t in trajectories if t.example.id == "q0"]
+    assert {t.stop_reason for t in late} == {"deadline"} and {t.infra for t in late} == {"deadline"}
+    if loop is ASYNC:  # the others did not wait for q0's call
+        assert {t.stop_reason for t in trajectories if t.example.id != "q0"} == {"answered"}
+    assert metrics["rollout/void_deadline"] == metrics["rollout/stop_deadline"] >= 0.25
+
+
+def test_a_dead_sandbox_worker_voids_its_trajectory_only(tokenizer, sandbox, monkeypatch) -> None:
+    """A call whose worker died (infra_error) ends that trajectory as void (`sandbox`); the batch goes on."""
+    real = sandbox.run_many
+
+    def dying(codes: list[str]) -> list[ExecResult]:
+        out = real(codes)
+        return [
+            ExecResult("", "", "killed", 0.0, "worker died", None, False, True) if "13 * 31" in c else r
+            for c, r in zip(codes, out, strict=True)
+        ]
+
+    monkeypatch.setattr(sandbox, "run_many", dying)
+    script = lambda context, turn: (
+        CODE.format(a=13, b=31)
+        if "13 * 31" in context and turn == 0
+        else CODE.format(a=2, b=3)
+        if turn == 0
+        else ANSWER.format(value=6)
+    )
+    for loop in (ASYNC, TURNS):
+        tools = [CodeInterpreter(sandbox, tokenizer, RolloutConfig())]
+        trajectories, metrics = run(ScriptedEngine(tokenizer, script), tokenizer, tools, loop, n=3)
+        void = [t for t in trajectories if t.infra]
+        assert {t.example.id for t in void} == {"q1"} and {t.stop_reason for t in void} == {"infra_error"}
+        assert {t.infra for t in void} == {"sandbox"} and void[0].tool_outputs[0].infra_error
+        assert all(t.stop_reason == "answered" for t in trajectories if not t.infra)
+        assert metrics["rollout/void_sandbox"] == pytest.approx(1 / 3)
+
+
+def test_an_engine_that_drops_a_request_voids_that_trajectory(tokenizer, sandbox) -> None:
+    class Dropping(ScriptedEngine):
+        def generate(self, prompts, max_new_tokens, stop_strings, sampling, seeds=None):
+            out = super().generate(prompts, max_new_tokens, stop_strings, sampling, seeds)
+            texts = [self.tokenizer.decode(p) for p in prompts]
+            return [Generation([], [], "error") if "13 * 31" in t else g for t, g in zip(texts, out, strict=True)]
+
+    for loop in (ASYNC, TURNS):
+        engine = Dropping(tokenizer, lambda context, turn: ANSWER.format(value=1))
+        trajectories, metrics = run(engine, tokenizer, [], loop, n=2)
+        assert [t.infra for t in trajectories] == ["", "", "", "engine", "engine", "engine"]
+        assert metrics["rollout/void_engine"] == 0.5 and metrics["rollout/stop_infra_error"] == 0.5
+
+
+def test_an_engine_call_past_its_time_limit_is_a_clear_error(tokenizer) -> None:
+    class Stuck(ScriptedEngine):
+        def generate(self, *args, **kwargs):
+            time.sleep(30)
+            raise AssertionError("not interrupted")
+
+    for loop in (ASYNC, TURNS):
+        started = time.monotonic()
+        with pytest.raises(EngineTimeout, match=r"engine.*rollout.engine_timeout_s=0.3"):
+            run(Stuck(tokenizer, lambda c, t: ""), tokenizer, [], loop, engine_timeout_s=0.3)
+        assert time.monotonic() - started < 5
+
+
+def test_a_call_stuck_in_native_code_ends_the_process_with_the_reason(tmp_path) -> None:
+    """Where the interrupt cannot land (here: SIGINT ignored, as native code that never returns to Python
+    behaves), the watchdog ends the process after the grace period, saying why and where it was stuck."""
+    script = textwrap.dedent(
+        """
+        import signal, time
+        from retool_cli.rollout.watchdog import time_limit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with time_limit(0.3, "the weight sync into the engine", "rollout.engine_timeout_s", grace_s=0.3):
+            time.sleep(30)
+        """
+    )
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert time.monotonic() - started < 15
+    assert proc.returncode == EXIT_STUCK
+    assert "the weight sync into the engine did not return within rollout.engine_timeout_s=0.3" in proc.stderr
+    assert "time.sleep" in proc.stderr or "line 6" in proc.stderr  # the stuck thread's stack
+
+
+def test_time_limit_leaves_a_call_in_time_alone() -> None:
+    for _ in range(200):  # armed and disarmed at every async step: nothing fires late
+        with time_limit(5.0, "a step", "rollout.engine_timeout_s"):
+            pass
+    with time_limit(0.0, "a step", "rollout.engine_timeout_s"):  # 0: no limit
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
+def test_sampling_loop_is_resolved_per_engine() -> None:
+    from retool_cli.config import RolloutEngine
+    from retool_cli.rollout.agent import loop_of
+
+    assert loop_of(RolloutConfig(engine=RolloutEngine.vllm)) == "async"
+    assert loop_of(RolloutConfig(engine=RolloutEngine.hf)) == "turns"
+    assert loop_of(RolloutConfig(engine=RolloutEngine.hf, loop=ASYNC)) == "async"
+    assert loop_of(replace(RolloutConfig(engine=RolloutEngine.vllm), loop=TURNS)) == "turns"
+    assert Sampling().seed == 0
