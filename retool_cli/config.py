@@ -234,6 +234,12 @@ class RolloutConfig:
         "machine's memory, unless vllm_kv_cache_gib sizes the KV cache)",
     )
     vllm_kv_cache_gib: float = doc(0.0, "vLLM only: KV cache size in GiB; 0 = from vllm_gpu_memory_utilization")
+    vllm_batch_invariant: bool = doc(
+        False,
+        "vLLM only: its batch-invariant kernels (VLLM_BATCH_INVARIANT=1, set before vLLM loads), so that a "
+        "request's numbers do not depend on what else is in the batch: on GPUs the condition for rollout.loop="
+        "async and turns to sample the same tokens, at some speed; without it they agree in distribution only",
+    )
     vllm_enable_sleep_mode: bool = doc(
         True,
         "vLLM only: free its GPU memory while the trainer runs, where the platform has sleep mode (CUDA; not "

@@ -209,6 +209,9 @@ def summarize(
         "code_timeout_rate": sum(r["code_timeouts"] for r in flat) / calls if calls else 0.0,
         "response_tokens": mean([r["response_tokens"] for r in flat]),
         "judge_timeouts": sum(bool(r["judge_timed_out"]) for r in flat),
+        # samples the infrastructure failed (a dead sandbox worker, a dropped request, a deadline, the judge's
+        # time-out), counted as wrong in the accuracy above: a rerun of those problems settles them
+        "void_samples": sum(bool(r.get("infra_failure")) for r in flat),
         **{f"stop_{reason}": mean([float(r["stop_reason"] == reason) for r in flat]) for reason in STOP_REASONS},
     }
     return metrics, table

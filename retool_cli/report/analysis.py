@@ -16,6 +16,7 @@ CURVES = [
     ("rollout/code_calls", "code calls per trajectory"),
     ("rollout/response_tokens", "response tokens"),
     ("train/entropy", "entropy (model tokens)"),
+    ("train/void_rate", "void trajectories (infrastructure failures, left out of the loss)"),
     ("kl", "KL"),
     ("time", "step time (s)"),
     ("eval/accuracy", "dev accuracy (periodic eval)"),

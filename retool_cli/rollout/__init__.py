@@ -30,6 +30,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
             sleep_mode=r.vllm_enable_sleep_mode,
             kv_cache_gib=r.vllm_kv_cache_gib,
             tokenizer=tokenizer,
+            batch_invariant=r.vllm_batch_invariant,
         )
     from retool_cli.model.loading import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine

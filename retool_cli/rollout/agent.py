@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,7 +196,7 @@ def _run_turns(loop: _Loop, trajectories: list[Trajectory], overlap: bool) -> No
                 future = pending[c]
                 if future is not None:  # this cohort's calls ran while the other cohort generated
                     started = time.perf_counter()
-                    with contextlib.suppress(TimeoutError):  # past the deadline: stopped below
+                    with contextlib.suppress(FutureTimeout):  # past the deadline: stopped below
                         loop.apply_tool_results(future.result(timeout=loop.time_left()))
                     loop.wait_tools_s += time.perf_counter() - started
                     pending[c] = None

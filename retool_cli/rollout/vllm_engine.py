@@ -65,11 +65,15 @@ class VLLMEngine:
         sleep_mode: bool,
         kv_cache_gib: float = 0.0,
         tokenizer: Any = None,
+        batch_invariant: bool = False,
     ) -> None:
         """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
         the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
         takes `gpu_memory_utilization` of the machine's memory). `tokenizer`: the run's, which vLLM's own must
-        agree with (vLLM finds stop strings in its own decoding)."""
+        agree with (vLLM finds stop strings in its own decoding). `batch_invariant`: rollout.vllm_batch_invariant
+        (some of vLLM's modules read it when they are imported: set it for the first engine of a process)."""
+        if batch_invariant:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         vllm = _import_vllm()
         from vllm.platforms import current_platform
 

@@ -35,6 +35,7 @@ class _Watchdog:
         self.grace_s = 30.0
         self.generation = 0  # bumped at each arm: a late wake-up never fires a limit that was since disarmed
         self.fired = False
+        self.wakes_at = float("inf")  # when the watching thread next looks (inf: only when notified)
         self.thread: threading.Thread | None = None
 
     def arm(self, seconds: float, message: str, grace_s: float) -> int:
@@ -44,24 +45,28 @@ class _Watchdog:
                 self.thread.start()
             self.generation += 1
             self.deadline, self.message, self.grace_s, self.fired = time.monotonic() + seconds, message, grace_s, False
-            self.cond.notify()
+            if self.deadline < self.wakes_at:  # else it wakes before the deadline anyway: no thread switch per step
+                self.cond.notify()
             return self.generation
 
     def disarm(self) -> bool:
         """Returns whether the limit fired."""
         with self.cond:
             fired, self.deadline, self.fired = self.fired, None, False
-            self.cond.notify()
+            if fired:  # the watching thread is in its grace period: release it
+                self.cond.notify()
             return fired
 
     def _watch(self) -> None:
         with self.cond:
             while True:
                 if self.deadline is None:
+                    self.wakes_at = float("inf")
                     self.cond.wait()
                     continue
                 left = self.deadline - time.monotonic()
                 if left > 0:
+                    self.wakes_at = self.deadline
                     self.cond.wait(left)
                     continue
                 self.fired = True

@@ -45,6 +45,24 @@ def test_degenerate_groups_have_zero_advantage() -> None:
     assert group_advantages(rewards, GROUPS, "grpo")[:3].abs().max() == 0
 
 
+def test_void_samples_are_left_out_of_their_groups_statistics() -> None:
+    """A void sample (its infrastructure failed: reward 0 as a stand-in) gets advantage 0 and its group's mean and
+    std are those of the others, not pulled toward the fake zero; a group whose other samples all agree is
+    degenerate; a group with no valid sample gets nothing."""
+    rewards = torch.tensor([1.0, -1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    valid = torch.tensor([True, True, False, True, True, False, False, False])
+    adv = group_advantages(rewards, groups, "grpo", valid=valid)
+    # group 0 as if it were [1, -1]: mean 0, unbiased std sqrt(2); group 1 as [1, 1]: zero
+    expected = torch.tensor([1 / (math.sqrt(2) + 1e-4), -1 / (math.sqrt(2) + 1e-4), 0, 0, 0, 0, 0, 0])
+    assert torch.allclose(adv, expected)
+    assert torch.equal(adv[:2], group_advantages(rewards[:2], groups[:2], "grpo"))
+    assert degenerate_groups(rewards, groups, valid).tolist() == [False] * 3 + [True] * 5
+    assert degenerate_groups(rewards, groups).tolist() == [False] * 6 + [True] * 2  # the fake zero varies group 1
+    every = torch.ones(8, dtype=torch.bool)
+    assert torch.equal(group_advantages(rewards, groups, "rloo", valid=every), group_advantages(rewards, groups, "rloo"))
+
+
 def test_policy_loss_clipping_by_hand() -> None:
     old = torch.zeros(2, 3)
     # ratios: e^0.5 ~ 1.65 (clipped above 1.28 for positive advantage), e^-0.5 ~ 0.61 (clipped below 0.8 for negative)

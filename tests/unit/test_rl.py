@@ -178,3 +178,41 @@ def test_shuffled_reward_control_keeps_the_rewards_and_cuts_their_link(tokenizer
     assert control.tensors["reward"].tolist() != own  # ...given to other trajectories
     assert step_metrics(control, {})["train/accuracy"] == step_metrics(real, {})["train/accuracy"]
     assert torch.equal(again.tensors["reward"], control.tensors["reward"])  # seeded
+
+
+def test_a_void_trajectory_changes_nothing_in_the_update(tokenizer) -> None:
+    """A trajectory the infrastructure failed (scored 0 as a stand-in) leaves the update exactly as if it had
+    never been sampled: the same weights after the step as from the batch without it; scored as a wrong answer
+    instead, it would move its group's statistics and the weights."""
+    from retool_cli.rl.step import rollout_batch
+    from retool_cli.rollout.agent import Trajectory
+
+    torch.manual_seed(0)
+    prompt = tokenizer.encode("What is 3 * 7?")
+    trajectories = [
+        Trajectory(MathExample(f"q{j // 4}", "x", "21", "t"), j % 4, prompt, torch.randint(10, 200, (10 + j,)).tolist())
+        for j in range(8)
+    ]
+    for x in trajectories:
+        x.response_mask = [1] * len(x.response_ids)
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0])
+
+    def step(chosen: list[int], void: int | None = None) -> dict[str, torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        cfg = config(dynamic=False)
+        cfg.trainer.grad_clip = 1e9
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        picked = [Trajectory(**{**vars(trajectories[i])}) for i in chosen]
+        for x, i in zip(picked, chosen, strict=True):
+            x.infra = "sandbox" if i == void else ""
+        batch = rollout_batch(picked, rewards[chosen])
+        stats = update(StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
+        assert stats["train/void_rate"] == (1 / len(chosen) if void is not None else 0.0)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    everything = list(range(8))
+    with_void = step(everything, void=1)
+    without = step([i for i in everything if i != 1])
+    scored_wrong = step(everything)
+    assert all(torch.allclose(with_void[k], without[k], atol=1e-7) for k in with_void)
+    assert any(not torch.allclose(with_void[k], scored_wrong[k], atol=1e-6) for k in with_void)

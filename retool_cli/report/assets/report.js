@@ -85,6 +85,7 @@ function trajectoryCard(t) {
     ["formatted", t.formatted],
     ["overlong penalty", t.overlong_penalty],
     ["judge timed out", t.judge_timed_out],
+    ["void (infrastructure failed it)", t.infra_failure || undefined],
     ["code calls", t.code_calls],
     ["tool errors", (t.code_errors || 0) + (t.code_timeouts || 0)],
     ["turns", t.turns],
