@@ -12,6 +12,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 
 from retool_cli.config import RetoolConfig
+from retool_cli.errors import ConfigError
 
 log = logging.getLogger(__name__)
 KEY_FILE = "run_key.txt"
@@ -23,11 +24,24 @@ def _plain(cfg: RetoolConfig) -> dict[str, Any]:
 
 
 def config_key(cfg: RetoolConfig) -> str:
-    """Identifies a run: runs of identical configs may continue each other's unfinished work."""
+    """Identifies a run: runs of identical configs may continue each other's unfinished work. The weights it
+    starts from count too: a checkpoint retrained at the same path is another run's."""
     keep = _plain(cfg)
     keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
     keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
+    keep["weights"] = [weights_fingerprint(p) for p in (cfg.model.name_or_path, cfg.trainer.init_from) if p]
     return _digest(keep, 16)
+
+
+def weights_fingerprint(path: str) -> list[Any]:
+    """Name, size and modification time of a local model's weight files (a run folder: its latest checkpoint's);
+    [] for a hub id. Cheap at any model size (no hashing of the weights)."""
+    folder = Path(path)
+    if (folder / "checkpoints").is_dir():
+        steps = sorted((folder / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+        folder = steps[-1] if steps else folder
+    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)) if folder.is_dir() else []
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
 def find_resumable(
@@ -36,6 +50,12 @@ def find_resumable(
     """The folder to write into: this one, or the latest unfinished run (no `finished` file, some `progress`
     file) of the same config key under `search_root` (train: metrics.jsonl / final.txt)."""
     if (run_dir / progress).exists():
+        stored = (run_dir / KEY_FILE).read_text().strip() if (run_dir / KEY_FILE).exists() else key
+        if stored != key:  # continuing would mix two runs' results in one folder
+            raise ConfigError(
+                f"{run_dir} holds an unfinished run of another config or other weights ({KEY_FILE}: {stored}, "
+                f"this run's: {key}): give this run another hydra.run.dir, or turn resume off to start over there"
+            )
         return run_dir
     candidates = [
         p.parent

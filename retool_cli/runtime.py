@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -78,12 +80,45 @@ def for_this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig
     return training_precision(config)
 
 
-def run_folder(config: RetoolConfig, run_dir: Path, key: str, finished: str, progress: str = "samples.jsonl") -> Path:
-    """Where this run writes: `run_dir`, or the unfinished run of the same config key under outputs/COMMAND
-    (no `finished` file yet, some `progress` file), which it then continues. Tagged with the key."""
-    out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / config.command, finished, progress)
+def run_folder(
+    config: RetoolConfig,
+    run_dir: Path,
+    key: str,
+    finished: str,
+    progress: str = "samples.jsonl",
+    *,
+    resume: bool = True,
+    outputs: tuple[str, ...] = (),
+) -> Path:
+    """Where this run writes, tagged with the key. Resuming: `run_dir` when it holds an unfinished run of this
+    config, else the unfinished run of the same config key under outputs/COMMAND (no `finished` file yet, some
+    `progress` file), which it then continues. Not resuming: `run_dir`, emptied of the `outputs` a previous run
+    left there (files or folders, by name): a rerun with resume off starts over instead of appending to them.
+    Under torchrun only rank 0 removes anything."""
+    if resume:
+        out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / config.command, finished, progress)
+    else:
+        out_dir = run_dir
+        if os.environ.get("RANK", "0") == "0":
+            start_over(run_dir, outputs)
     write_key(out_dir, key)
     return out_dir
+
+
+def start_over(run_dir: Path, outputs: tuple[str, ...]) -> None:
+    """Remove what a previous run wrote into `run_dir` (its `outputs`, by name)."""
+    removed = []
+    for name in outputs:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        log.warning("starting over in %s (resume off): removed the previous run's %s", run_dir, ", ".join(removed))
 
 
 @dataclass

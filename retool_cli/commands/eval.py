@@ -28,6 +28,7 @@ from retool_cli.run_keys import config_key, setting_key, training_record
 from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
 
 log = logging.getLogger(__name__)
+EVAL_OUTPUTS = ("samples.jsonl", "results.json")  # what eval.resume=false replaces in its folder
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
@@ -44,7 +45,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             "model.max_context_tokens with it): a benchmark is measured whole"
         )
     key = config_key(config)
-    out_dir = run_folder(config, run_dir, key, "results.json") if config.eval.resume else run_dir
+    out_dir = run_folder(config, run_dir, key, "results.json", resume=config.eval.resume, outputs=EVAL_OUTPUTS)
     log.info(
         "%s: %d problems x %d samples, model %s, protocol %s -> %s",
         bench.name,

@@ -78,7 +78,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     traces = sft_traces(config, tokenizer)  # a bad or empty file fails before the model loads
-    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if cfg.resume == "auto" else run_dir
+    resume, outputs = cfg.resume == "auto", ("metrics.jsonl", "checkpoints", "final.txt", "sft.png")
+    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=resume, outputs=outputs)
     checkpoint = latest_checkpoint(out_dir) if cfg.resume == "auto" else None
     lora = config.model.lora_rank > 0  # a LoRA run resumes from its base weights plus the checkpoint's adapter
     source = str(checkpoint) if checkpoint and not lora else config.model.name_or_path

@@ -40,6 +40,8 @@ from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
+# what trainer.resume=never replaces in its folder
+OUTPUTS = ("metrics.jsonl", "rollouts.jsonl", "checkpoints", "evals", "tensorboard", "final.txt", "train.png")
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
 
 
@@ -84,7 +86,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         return launch_processes(t.nproc, run_dir)
     config = for_this_process(config, rank, size)
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
-    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl") if t.resume == "auto" else run_dir
+    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume == "auto", outputs=OUTPUTS)
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)

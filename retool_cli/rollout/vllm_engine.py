@@ -87,7 +87,6 @@ class VLLMEngine:
         device = torch.device("cuda" if current_platform.is_cuda_alike() else "cpu")
         self.on_cpu = device.type == "cpu"
         self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
-        self._stop_cache: dict[tuple[str, ...], set[int]] = {}  # stop strings -> their token ids (_stop_ids)
         _check_head_size(model_path, current_platform)
         extra = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
         if self.on_cpu:
@@ -145,7 +144,7 @@ class VLLMEngine:
         params = [self._params(sampling, stop_strings, n, seed) for n, seed in zip(max_new_tokens, seeds, strict=True)]
         with self._sampling_threads():
             outputs = self.llm.generate([_tokens_prompt(p) for p in prompts], params, use_tqdm=False)
-        return [_to_generation(out, self._stop_ids(stop_strings)) for out in outputs]
+        return [_to_generation(out) for out in outputs]
 
     @contextlib.contextmanager
     def stream(self, stop_strings: list[str], sampling: Sampling) -> Iterator[VLLMStream]:
@@ -159,32 +158,16 @@ class VLLMEngine:
                 stream.abort(list(stream.keys.values()))
 
     def _params(self, sampling: Sampling, stop_strings: list[str], budget: int, seed: int) -> Any:
-        ids = self._stop_ids(stop_strings)
-        stop = {"stop_token_ids": sorted(ids)} if ids else {"stop": stop_strings or None}
         return self._vllm.SamplingParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k or -1,
             max_tokens=budget,
+            stop=stop_strings or None,
             include_stop_str_in_output=True,
             logprobs=0,
             seed=seed % (1 << 63),  # per-request seed: the same request samples the same tokens
-            **stop,
         )
-
-    def _stop_ids(self, stop_strings: list[str]) -> set[int]:
-        """The stop strings as token ids when each is one token (the protocols' tags in our tokenizers; Qwen's
-        </tool_call>), else empty: stopped by text. As the hf engine's stop checker decides. Why ids where
-        possible: vLLM 0.32 ends a text stop by aborting the request, and an aborted request's KV blocks are not
-        reused by the next turn's prefix (measured: 0 of 96 prompt tokens cached after a text stop, 128 of 137
-        after the same turn ended by a stop token)."""
-        key = tuple(stop_strings)
-        if key not in self._stop_cache:
-            tokenizer = self.llm.get_tokenizer()
-            ids = [tokenizer.encode(text, add_special_tokens=False) for text in stop_strings]
-            single = all(len(i) == 1 and tokenizer.decode(i) == text for i, text in zip(ids, stop_strings, strict=True))
-            self._stop_cache[key] = {i[0] for i in ids} if single and ids else set()
-        return self._stop_cache[key]
 
     @contextlib.contextmanager
     def _sampling_threads(self) -> Iterator[None]:
@@ -296,7 +279,6 @@ class VLLMStream:
 
     def __init__(self, engine: VLLMEngine, stop_strings: list[str], sampling: Sampling) -> None:
         self.engine, self.stop_strings, self.sampling = engine, stop_strings, sampling
-        self.stop_ids = engine._stop_ids(stop_strings)
         self.keys: dict[str, int] = {}  # vLLM request id -> the caller's key, while in flight
 
     def submit(self, key: int, prompt: list[int], max_new_tokens: int, seed: int) -> None:
@@ -314,7 +296,7 @@ class VLLMStream:
         finished = []
         for out in self.engine.llm.llm_engine.step():
             if out.finished and out.request_id in self.keys:
-                finished.append((self.keys.pop(out.request_id), _to_generation(out, self.stop_ids)))
+                finished.append((self.keys.pop(out.request_id), _to_generation(out)))
         return finished
 
     def abort(self, keys: list[int]) -> None:
@@ -331,7 +313,7 @@ def _tokens_prompt(ids: list[int]) -> Any:
     return cast(TokensPrompt, {"prompt_token_ids": ids})  # the other keys are optional
 
 
-def _to_generation(output: Any, stop_ids: set[int]) -> Generation:
+def _to_generation(output: Any) -> Generation:
     """One finished RequestOutput as a Generation. A request vLLM aborted on its own is an engine error."""
     completion = output.outputs[0]
     ids = list(completion.token_ids)
@@ -340,8 +322,7 @@ def _to_generation(output: Any, stop_ids: set[int]) -> Generation:
         finish = "length"
     elif completion.finish_reason == "abort":
         finish = "error"
-    else:  # "stop": stop_reason is the stop string or stop token that matched, or None / an EOS id
-        reason = completion.stop_reason
-        finish = "stop" if isinstance(reason, str) or reason in stop_ids else "eos"
+    else:  # "stop": stop_reason is the stop string that matched, or None / a token id for EOS
+        finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
     cached = getattr(output, "num_cached_tokens", None) or 0
     return Generation(ids, logprobs + [0.0] * (len(ids) - len(logprobs)), finish, cached)

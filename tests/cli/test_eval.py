@@ -74,6 +74,37 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
     assert texts(broken) == texts(whole)
 
 
+def test_a_folder_is_continued_only_by_its_own_run_and_started_over_with_resume_off(tmp_path: Path) -> None:
+    """The same folder (hydra.run.dir) with another config: resuming would mix two runs' samples, so it is an
+    error naming the folder; `eval.resume=false` starts over there (the previous samples removed, not
+    continued); a checkpoint retrained at the same path is other weights (the key sees its files)."""
+    six = [*SMALL, "hydra.run.dir=run"]
+    run_retool("eval", *six, cwd=tmp_path, check=True)
+    first = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    (tmp_path / "run" / "results.json").unlink()  # an unfinished run of the first config, as after a crash
+    other = run_retool("eval", *six, "benchmark.n_samples=2", cwd=tmp_path)
+    assert other.returncode != 0 and "holds an unfinished run of another config" in other.stdout + other.stderr
+    assert read_jsonl(tmp_path / "run" / "samples.jsonl") == first  # untouched
+    run_retool("eval", *six, "benchmark.n_samples=2", "eval.resume=false", cwd=tmp_path, check=True)
+    again = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert len(again) == 12 and all(r["sample_index"] < 2 for r in again)  # 6 x 2, nothing of the first run
+
+
+def test_resume_notices_retrained_weights(tmp_path: Path) -> None:
+    from retool_cli.config import RetoolConfig
+    from retool_cli.run_keys import config_key
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    cfg = RetoolConfig()
+    cfg.model.name_or_path = str(folder)
+    before = config_key(cfg)
+    assert config_key(cfg) == before
+    (folder / "model.safetensors").write_bytes(b"retrained")
+    assert config_key(cfg) != before
+
+
 def test_malformed_benchmark_file_names_file_and_line(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "bench.jsonl", [{"problem": "What is 1+1?", "answer": "2"}, "{broken"])
     proc = run_retool(
