@@ -241,20 +241,29 @@ def loops(args) -> None:
     if smoke is None:
         sys.exit(f"{args.checkpoint} has no checkpoint: run `make smoke` first (its SFT checkpoint is the default)")
     multi = latest_checkpoint(multi_call_checkpoint(args.calls, args.multi_call_dir))
-    synthetic = SyntheticConfig(num_examples=args.questions * (args.repeats + 1), difficulty=1)
+    smoke_batches = 4 * args.repeats  # its batches take a third of a second: more of them against the noise
+    wanted = max(args.questions * (args.repeats + 1), 4 * (smoke_batches + 1))
+    synthetic = SyntheticConfig(num_examples=wanted, difficulty=1)
     pool = [MathExample(i, q, a, "synthetic") for i, q, a, _ in generate(synthetic, 12345)]
     budgets = [f"rollout.max_code_calls={args.calls}", f"rollout.max_turns={args.calls + 1}"]
-    workloads = {  # name -> (checkpoint, overrides, questions per batch, latency (scale, alpha, cap) or None)
-        "smoke (its SFT checkpoint, a training step: 4 questions x 8, the real sandbox)": (smoke, [], 4, None),
+    workloads = {  # name -> (checkpoint, overrides, questions per batch, batches, latency (scale, alpha, cap))
+        "smoke (its SFT checkpoint, a training step: 4 questions x 8, the real sandbox)": (
+            smoke,
+            [],
+            4,
+            smoke_batches,
+            None,
+        ),
         f"long tail ({args.calls}-call SFT checkpoint, {args.questions} questions x 8, + Pareto({args.alpha}) "
         f"latency >= {args.scale} s, cap {args.cap} s)": (
             multi,
             budgets,
             args.questions,
+            args.repeats,
             (args.scale, args.alpha, args.cap),
         ),
     }
-    for name, (checkpoint, overrides, per_batch, tail) in workloads.items():
+    for name, (checkpoint, overrides, per_batch, batches, tail) in workloads.items():
         config = smoke_config(args.engine, [f"model.name_or_path={checkpoint}", *overrides])
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         protocol = build_protocol(config.protocol, tokenizer)
@@ -270,7 +279,7 @@ def loops(args) -> None:
             interpreter = CodeInterpreter(sandbox, tokenizer, config.rollout)
             tools = [LongTail(interpreter, *tail) if tail else interpreter]
             results: dict[str, list[tuple[float, dict]]] = {"turns": [], "async": []}
-            for r in range(args.repeats + 1):  # round 0 warms up (not timed)
+            for r in range(batches + 1):  # round 0 warms up (not timed)
                 batch = pool[r * per_batch : (r + 1) * per_batch]
                 seen = {}
                 for loop in ("turns", "async") if r % 2 else ("async", "turns"):
