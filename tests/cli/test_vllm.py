@@ -80,11 +80,11 @@ def test_train_with_vllm_samples_from_init_from_at_step_one(sft_run: Path, tmp_p
 def test_train_with_vllm_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
     """vLLM's per-request seeds make its CPU sampling reproducible across processes: a run killed after its
     step-2 checkpoint and started again ends with the metrics of an uninterrupted run (the resumed engine
-    samples from the checkpoint's weights)."""
+    samples from the checkpoint's weights). Through the async loop (rollout.loop=auto with vLLM)."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()
     broken.mkdir()
-    args = ["train", *TRAIN, *VLLM, f"trainer.init_from={sft_run}"]
+    args = ["train", *TRAIN, *VLLM, "rollout.loop=async", f"trainer.init_from={sft_run}"]
     run_retool(*args, cwd=whole, check=True)
     reference = metrics_of(whole)
     assert [r["step"] for r in reference] == [1, 2, 3, 4]
@@ -147,7 +147,7 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
     from retool_cli.rl.checkpoints import latest_checkpoint
     from retool_cli.rollout.agent import run_rollouts
     from retool_cli.rollout.vllm_engine import VLLMEngine
-    from tests.unit.test_schedules import Jittered
+    from tests.unit.test_schedules import jittered
 
     checkpoint = latest_checkpoint(sft_run)
     assert checkpoint is not None
@@ -163,7 +163,7 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
         for name, loop, tools in (
             ("turns", RolloutLoop.turns, [interpreter]),
             ("async", RolloutLoop["async"], [interpreter]),
-            ("jittered", RolloutLoop["async"], [Jittered(interpreter, 0.1)]),
+            ("jittered", RolloutLoop["async"], [jittered(interpreter, 0.1)]),
         ):
             runs[name] = run_rollouts(
                 examples, engine, protocol, tools, replace(cfg, loop=loop), seed=11, max_context_tokens=1024

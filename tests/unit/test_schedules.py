@@ -50,17 +50,15 @@ def questions(n: int) -> list[MathExample]:
     return [MathExample(f"q{i}", f"What is {12 + i} * {30 + i}?", str((12 + i) * (30 + i)), "test") for i in range(n)]
 
 
-class Jittered:
-    """A tool that returns its inner tool's output after a random delay drawn from true randomness: the order
-    in which calls finish differs from run to run (and from the order they were made)."""
+class Delayed:
+    """A tool that returns its inner tool's outputs after `delay(calls)` seconds."""
 
-    def __init__(self, inner: Any, most_s: float) -> None:
-        self.inner, self.most_s = inner, most_s
+    def __init__(self, inner: Any, delay: Any) -> None:
+        self.inner, self.delay = inner, delay
         self.name, self.schema = inner.name, inner.schema
-        self.rng = random.SystemRandom()
 
     def run_many(self, calls: list[dict[str, Any]]) -> list[ToolOutput]:
-        time.sleep(self.rng.uniform(0, self.most_s))
+        time.sleep(self.delay(calls))
         return self.inner.run_many(calls)
 
     def reset(self) -> None:
@@ -71,6 +69,13 @@ class Jittered:
 
     def metrics(self, outputs: list[ToolOutput], trajectories: int) -> dict[str, float]:
         return self.inner.metrics(outputs, trajectories)
+
+
+def jittered(inner: Any, most_s: float) -> Delayed:
+    """Calls finish after a random delay drawn from true randomness: the order in which they finish differs from
+    run to run (and from the order they were made)."""
+    rng = random.SystemRandom()
+    return Delayed(inner, lambda calls: rng.uniform(0, most_s))
 
 
 class SeededScript(ScriptedEngine):
@@ -118,7 +123,7 @@ def test_the_schedules_sample_the_same_trajectories_under_random_tool_latencies(
     """A scripted model whose turns follow each request's seed, the real sandbox behind a tool that finishes
     calls in a random order: async (twice, with other latencies) and turns (with and without cohorts) agree
     call for call; the seeds asked for are the same set."""
-    tools = [Jittered(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), most_s=0.05)]
+    tools = [jittered(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), most_s=0.05)]
     runs = {}
     schedules = (("turns", TURNS, False), ("cohorts", TURNS, True), ("a1", ASYNC, True), ("a2", ASYNC, True))
     for name, loop, overlap in schedules:
@@ -161,33 +166,11 @@ def test_the_schedules_agree_on_a_sampled_policy_through_the_real_sandbox(tokeni
     engine = HFEngine(code_policy, tokenizer, accelerate=True)
     interpreter = CodeInterpreter(sandbox, tokenizer, RolloutConfig())
     turns, _ = run(engine, tokenizer, [interpreter], TURNS, n=3, max_tokens_per_turn=60)
-    jittered, _ = run(engine, tokenizer, [Jittered(interpreter, 0.05)], ASYNC, n=3, max_tokens_per_turn=60)
-    same(turns, jittered)
-    for a, b in zip(turns, jittered, strict=True):
+    scheduled, _ = run(engine, tokenizer, [jittered(interpreter, 0.05)], ASYNC, n=3, max_tokens_per_turn=60)
+    same(turns, scheduled)
+    for a, b in zip(turns, scheduled, strict=True):
         assert torch.allclose(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs), atol=1e-5)
     assert sum(len(t.tool_calls) for t in turns) >= 3 and len({len(t.response_ids) for t in turns}) >= 3
-
-
-class Slow:
-    """A tool whose calls of `slow_code` take `seconds`; the others return at once."""
-
-    def __init__(self, inner: Any, slow_code: str, seconds: float) -> None:
-        self.inner, self.slow_code, self.seconds = inner, slow_code, seconds
-        self.name, self.schema = inner.name, inner.schema
-
-    def run_many(self, calls):
-        if any(call["code"] == self.slow_code for call in calls):
-            time.sleep(self.seconds)
-        return self.inner.run_many(calls)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def row(self, outputs):
-        return self.inner.row(outputs)
-
-    def metrics(self, outputs, trajectories):
-        return self.inner.metrics(outputs, trajectories)
 
 
 @pytest.mark.parametrize("loop", [ASYNC, TURNS])
@@ -201,7 +184,8 @@ def test_a_trajectory_past_its_deadline_stops_void(tokenizer, sandbox, loop) -> 
             return f"<code>\n```python\n{slow if '12 * 30' in context else 'print(1)'}\n```\n</code>"
         return ANSWER.format(value=1)
 
-    tools = [Slow(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), slow, 5.0)]
+    hangs = lambda calls: 5.0 if any(call["code"] == slow for call in calls) else 0.0
+    tools = [Delayed(CodeInterpreter(sandbox, tokenizer, RolloutConfig()), hangs)]
     started = time.monotonic()
     trajectories, metrics = run(ScriptedEngine(tokenizer, script), tokenizer, tools, loop, trajectory_timeout_s=1.0)
     assert time.monotonic() - started < 8
