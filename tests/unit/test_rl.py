@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from retool_cli.config import ProtocolConfig, ProtocolName, RetoolConfig
 from retool_cli.data.dataset import MathExample
@@ -19,11 +19,6 @@ from retool_cli.rl.step import StepPlan, collect, step_metrics, update
 from tests.scripted import ScriptedEngine
 
 EOS = "<|im_end|>"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(tiny_model_path())
 
 
 def config(dynamic: bool) -> RetoolConfig:

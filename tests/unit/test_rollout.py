@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
-from retool_cli.config import Isolation, ProtocolConfig, ProtocolName, RolloutConfig, SandboxConfig, TemplatePolicy
+from retool_cli.config import ProtocolConfig, ProtocolName, RolloutConfig, TemplatePolicy
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import (
     ChatToolProtocol,
@@ -21,7 +21,6 @@ from retool_cli.env.protocol import (
     parse_chat_call,
     parse_tagged_call,
 )
-from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, CodeInterpreter
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import ExecResult, ToolCall
@@ -33,17 +32,6 @@ from tests.scripted import ScriptedEngine
 EOS = "<|im_end|>"
 CODE_TURN = "Let me compute.\n<code>\n```python\nprint(12 * 34)\n```\n</code>"
 ANSWER_TURN = "So the answer is \\boxed{408}." + EOS
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(tiny_model_path())
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as box:
-        yield box
 
 
 def codes(t) -> list[str]:

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
-from retool_cli.config import Isolation, RolloutConfig, RolloutLoop, SandboxConfig
+from retool_cli.config import RolloutConfig, RolloutLoop
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import TaggedProtocol
-from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import ExecResult, Generation, Sampling, ToolOutput
@@ -33,17 +32,6 @@ from tests.scripted import ScriptedEngine
 ASYNC, TURNS = RolloutLoop["async"], RolloutLoop.turns
 CODE = "Let me compute.\n<code>\n```python\nprint({a} * {b})\n```\n</code>"
 ANSWER = "So the answer is \\boxed{{{value}}}.<|im_end|>"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(tiny_model_path())
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as box:
-        yield box
 
 
 def questions(n: int) -> list[MathExample]:

@@ -7,9 +7,6 @@ import ast
 import operator
 from typing import Any, ClassVar
 
-import pytest
-from transformers import AutoTokenizer
-
 from retool_cli.config import Isolation, RolloutConfig, SandboxConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import ChatToolProtocol
@@ -17,7 +14,6 @@ from retool_cli.env.reward import RewardScore
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, CodeInterpreter
 from retool_cli.interfaces import ToolOutput
-from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.agent import run_rollouts, sample_row
 from tests.scripted import ScriptedEngine
 
@@ -76,11 +72,6 @@ def _call(name: str, argument: str, value: str) -> str:
     return (
         f'Let me use a tool.\n<tool_call>\n{{"name": "{name}", "arguments": {{"{argument}": "{value}"}}}}\n</tool_call>'
     )
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(tiny_model_path())
 
 
 def test_a_second_tool_runs_beside_the_interpreter(tokenizer) -> None:
