@@ -36,10 +36,11 @@ def config_key(cfg: RetoolConfig) -> str:
 def weights_fingerprint(path: str) -> list[Any]:
     """Name, size and modification time of a local model's weight files (a run folder: its latest checkpoint's);
     [] for a hub id. Cheap at any model size (no hashing of the weights)."""
+    from retool_cli.rl.checkpoints import latest_checkpoint  # torch: imported by the commands that need keys
+
     folder = Path(path)
     if (folder / "checkpoints").is_dir():
-        steps = sorted((folder / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-        folder = steps[-1] if steps else folder
+        folder = latest_checkpoint(folder) or folder
     files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)) if folder.is_dir() else []
     return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 

@@ -228,18 +228,18 @@ def _tool_pool(threads: int) -> Iterator[ThreadPoolExecutor]:
 def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream) -> None:
     """rollout.loop=async: each trajectory's turn is submitted when it is ready, each call runs in the tool pool
     the moment its turn ends, and the engine advances whatever is in flight."""
-    in_flight: dict[int, int] = {}  # trajectory index -> its turn's token budget
+    in_flight: set[int] = set()  # indices of the trajectories with a turn in the engine
     calls: dict[Future[list[tuple[_ToolJob, ToolOutput | None]]], _ToolJob] = {}
     index = {id(t): i for i, t in enumerate(trajectories)}
 
     def submit(t: Trajectory) -> None:
-        i, budget = index[id(t)], loop.budget(t)
+        i = index[id(t)]
         try:
-            stream.submit(i, t.token_ids, budget, loop.seed_of(t))
+            stream.submit(i, t.token_ids, loop.budget(t), loop.seed_of(t))
         except EngineRequestError:
             t.stop_reason, t.infra = "infra_error", "engine"
             return
-        in_flight[i] = budget
+        in_flight.add(i)
 
     with _tool_pool(max(1, min(64, len(trajectories)))) as pool:
         for t in trajectories:
@@ -255,7 +255,8 @@ def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream
                 with time_limit(loop.cfg.engine_timeout_s, "an engine step of the async loop", _TIMEOUT_KEY):
                     finished = stream.poll()
                 for i, gen in finished:
-                    job = loop.finish_turn(trajectories[i], gen, in_flight.pop(i))
+                    in_flight.remove(i)
+                    job = loop.finish_turn(trajectories[i], gen)
                     if job is not None:
                         calls[pool.submit(loop.run_tools, [job])] = job
                 loop.generate_s += time.perf_counter() - started  # time with requests in flight
@@ -358,10 +359,10 @@ class _Loop:
                 [t.token_ids for t in running], budgets, self.protocol.stop_strings, self.sampling, seeds
             )
         self.generate_s += time.perf_counter() - started
-        jobs = [self.finish_turn(t, gen, budget) for t, gen, budget in zip(running, generations, budgets, strict=True)]
+        jobs = [self.finish_turn(t, gen) for t, gen in zip(running, generations, strict=True)]
         return [job for job in jobs if job is not None]
 
-    def finish_turn(self, t: Trajectory, gen: Generation, budget: int) -> _ToolJob | None:
+    def finish_turn(self, t: Trajectory, gen: Generation) -> _ToolJob | None:
         """Append a generated turn; the tool call it makes (None when the trajectory stops here)."""
         self.sampled_tokens += len(gen.token_ids)
         self.prompt_tokens += len(t.token_ids)

@@ -300,7 +300,8 @@ class VLLMStream:
         return finished
 
     def abort(self, keys: list[int]) -> None:
-        ids = [request_id for request_id, key in self.keys.items() if key in set(keys)]
+        dropped = set(keys)
+        ids = [request_id for request_id, key in self.keys.items() if key in dropped]
         if ids:
             self.engine.llm.llm_engine.abort_request(ids)
         for request_id in ids:
