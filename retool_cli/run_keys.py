@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from retool_cli.config import RetoolConfig
 from retool_cli.errors import ConfigError
+from retool_cli.files import atomic_open
 
 log = logging.getLogger(__name__)
 KEY_FILE = "run_key.txt"
@@ -69,13 +70,17 @@ def find_resumable(
     if not candidates:
         return run_dir
     latest = max(candidates, key=lambda p: (p / progress).stat().st_mtime)
-    (run_dir / "resumed_into.txt").write_text(f"{latest}\n")
+    with atomic_open(run_dir / "resumed_into.txt") as handle:
+        handle.write(f"{latest}\n")
     log.info("resuming the unfinished run in %s", latest)
     return latest
 
 
 def write_key(out_dir: Path, key: str) -> None:
-    (out_dir / KEY_FILE).write_text(key + "\n")
+    """Atomically: the processes of a distributed run read it while rank 0 writes it (a plain write_text
+    truncates first, and a reader can find it empty)."""
+    with atomic_open(out_dir / KEY_FILE) as handle:
+        handle.write(key + "\n")
 
 
 def _digest(container: dict, length: int = 12) -> str:

@@ -94,14 +94,16 @@ def run_folder(
     config, else the unfinished run of the same config key under outputs/COMMAND (no `finished` file yet, some
     `progress` file), which it then continues. Not resuming: `run_dir`, emptied of the `outputs` a previous run
     left there (files or folders, by name): a rerun with resume off starts over instead of appending to them.
-    Under torchrun only rank 0 removes anything."""
+    Under torchrun only rank 0 removes or writes anything."""
+    rank0 = os.environ.get("RANK", "0") == "0"
     if resume:
         out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / config.command, finished, progress)
     else:
         out_dir = run_dir
-        if os.environ.get("RANK", "0") == "0":
+        if rank0:
             start_over(run_dir, outputs)
-    write_key(out_dir, key)
+    if rank0:
+        write_key(out_dir, key)
     return out_dir
 
 

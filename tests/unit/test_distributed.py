@@ -116,3 +116,33 @@ def test_whole_tensors_cast_one_at_a_time() -> None:
     name, first = next(stream)  # a generator: nothing past the first tensor is cast yet
     assert name == "w0" and first.dtype == torch.bfloat16 and torch.equal(first, named["w0"].to(torch.bfloat16))
     assert [n for n, _ in stream] == ["w1", "w2"]
+
+
+def rewrite_key(folder: str, key: str, stop_after_s: float) -> None:
+    import time
+
+    from retool_cli.run_keys import write_key
+
+    deadline = time.monotonic() + stop_after_s
+    while time.monotonic() < deadline:
+        write_key(Path(folder), key)
+
+
+def test_a_rank_reading_the_run_key_while_rank_0_writes_it_finds_it_whole(tmp_path: Path) -> None:
+    """Every process of a resumed run checks the folder's key while rank 0 rewrites it: the reader sees the key,
+    never an empty file taken for another run's (a CI failure of the FSDP2 resume test)."""
+    import multiprocessing
+    import time
+
+    from retool_cli.run_keys import find_resumable, write_key
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    write_key(tmp_path, "k" * 16)
+    writer = multiprocessing.get_context("fork").Process(target=rewrite_key, args=(str(tmp_path), "k" * 16, 1.5))
+    writer.start()
+    reads, deadline = 0, time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert find_resumable(tmp_path, "k" * 16, tmp_path, "final.txt", "metrics.jsonl") == tmp_path
+        reads += 1
+    writer.join()
+    assert writer.exitcode == 0 and reads > 100
