@@ -205,6 +205,9 @@ class RolloutConfig:
         "segment fits",
     )
     max_tool_result_tokens: int = doc(512, "tokens of one interpreter result (head and tail kept)")
+    error_tail_lines: int = doc(
+        12, "of a failed call's error output (the traceback), the last lines the model reads (ToRL keeps 1)"
+    )
     loop: RolloutLoop = doc(
         RolloutLoop.auto,
         "how trajectories are scheduled: async = each trajectory on its own (a turn is submitted when the "
@@ -251,7 +254,13 @@ class RolloutConfig:
         _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
-        for key in ("max_response_tokens", "max_prompt_tokens", "max_turns", "max_tool_result_tokens"):
+        for key in (
+            "max_response_tokens",
+            "max_prompt_tokens",
+            "max_turns",
+            "max_tool_result_tokens",
+            "error_tail_lines",
+        ):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         per_turn = self.max_tokens_per_turn
         _check(per_turn is None or per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1 (or null)")
@@ -325,6 +334,14 @@ class Advantage(str, enum.Enum):  # a str too: the tensor functions take the nam
     rloo = "rloo"  # r - mean of the other samples of the group
 
 
+class RolloutCorrection(str, enum.Enum):  # rl/algorithms.py:rollout_correction (weights pi_old / pi_sampler)
+    none = "none"  # measure the sampler-trainer gap (train/mismatch_*), correct nothing
+    token_tis = "token_tis"  # truncated importance sampling per token: min(rho_t, cap)
+    seq_tis = "seq_tis"  # truncated importance sampling per sequence: min(prod rho_t, cap)
+    token_mask = "token_mask"  # masked importance sampling: rho_t inside the bounds, 0 outside
+    seq_mask = "seq_mask"  # a sequence whose geometric-mean ratio leaves the bounds gets no gradient
+
+
 @dataclass
 class TrainerConfig:
     """Optimisation of `retool train` (RL) and `retool sft`; what each step does is in retool_cli/rl/step.py."""
@@ -349,6 +366,28 @@ class TrainerConfig:
     kl_coef: float = doc(0.0, "KL to the frozen initial policy (0 = off, no reference model kept)")
     kl_estimator: str = doc("k3", "estimator of the KL penalty: k1 | k3 (rl/algorithms.py:kl_penalty)")
     entropy_coef: float = doc(0.0, "entropy bonus (0 = off)")
+    rollout_correction: RolloutCorrection = doc(
+        RolloutCorrection.none,
+        "none | token_tis | seq_tis | token_mask | seq_mask: weigh each token's loss by the trainer's policy "
+        "before the update over the sampler's (the engine's logprobs), truncated or masked (see "
+        "RolloutCorrection; README, Sampler-trainer mismatch). The gap is measured either way (train/mismatch_*)",
+    )
+    rollout_correction_cap: float = doc(2.0, "token_tis / seq_tis: the largest weight (verl's threshold 2.0)")
+    rollout_correction_bounds: list[float] = doc(
+        help="token_mask / seq_mask: [low, high] of the ratio (token) or its geometric mean (sequence) a token "
+        "keeps its gradient inside; also what train/mismatch_corrected_share counts with none",
+        factory=lambda: [0.5, 2.0],
+    )
+    filter_void_turns: bool = doc(
+        False,
+        "SimpleTIR: no gradient from a trajectory with a void turn (a turn that neither makes a well-formed "
+        "call nor answers in \\boxed{}); counted in train/void_turn_filtered either way",
+    )
+    roc_oversample: int = doc(
+        1,
+        "rStar2-Agent's GRPO-RoC: sample this many times rollout.group_size per question, keep group_size: wrong "
+        "ones uniformly at random, the correct ones with the fewest tool errors and format problems (1 = off)",
+    )
     mask_truncated: bool = doc(True, "DAPO overlong filtering: no gradient from length-truncated trajectories")
     dynamic_sampling: bool = doc(False, "DAPO: drop all-equal-reward groups and sample more questions")
     max_sampling_rounds: int = doc(3, "cap on extra rollout batches per step with dynamic sampling")
@@ -390,6 +429,14 @@ class TrainerConfig:
         for key in ("epochs_per_batch", "mini_batches", "micro_batch_tokens", "save_every", "keep_last"):
             _check(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
         _check(self.keep_rollouts >= 0, "trainer.keep_rollouts", "must be >= 0")
+        _check(self.rollout_correction_cap >= 1, "trainer.rollout_correction_cap", "must be >= 1")
+        bounds = list(self.rollout_correction_bounds)
+        _check(
+            len(bounds) == 2 and 0 <= bounds[0] <= 1 <= bounds[1],
+            "trainer.rollout_correction_bounds",
+            f"must be [low, high] with 0 <= low <= 1 <= high, got {bounds}",
+        )
+        _check(self.roc_oversample >= 1, "trainer.roc_oversample", "must be >= 1 (1 = off)")
 
 
 @dataclass
@@ -448,6 +495,12 @@ class SandboxConfig:
     max_open_files: int = doc(64, "open files a snippet may hold (RLIMIT_NOFILE)")
     max_output_bytes: int = doc(65536, "stdout + stderr kept; a call printing more is killed there")
     seed: int = doc(0, "random and numpy.random are seeded with this before every call")
+    cache: bool = doc(
+        True,
+        "reuse the result of code already run in this run (the samples of a group often send the same code): "
+        "keyed by the code and everything that can change its output (limits, seed, preloaded modules and "
+        "their versions, the interpreter); README, The interpreter cache: what it guarantees",
+    )
     preload: list[str] = doc(
         help="imported once per worker, so snippets import them for free (and, under rlimits as root, at all)",
         factory=lambda: [

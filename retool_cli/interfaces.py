@@ -66,6 +66,7 @@ class ExecResult:
     exit_code: int | None = None
     truncated: bool = False  # output was cut at sandbox.max_output_bytes
     infra_error: bool = False  # the worker died or hung: counted separately from the snippet's own errors
+    cached: bool = False  # answered from the interpreter cache (sandbox.cache): the same code ran before
 
 
 @dataclass

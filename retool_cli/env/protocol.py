@@ -56,9 +56,10 @@ def neutralize(text: str, tokenizer: Any) -> str:
     return text
 
 
-def format_result(result: Any, tokenizer: Any, max_tokens: int) -> str:
-    """An ExecResult as the text the model reads: output, or the error's last lines, or why it was stopped;
-    capped to `max_tokens` with the head and tail kept."""
+def format_result(result: Any, tokenizer: Any, max_tokens: int, error_lines: int = 12) -> str:
+    """An ExecResult as the text the model reads: output, or the error's last `error_lines` lines (the
+    exception itself is the last; ToRL keeps only it), or why it was stopped; capped to `max_tokens` with the
+    head and tail kept."""
     if getattr(result, "infra_error", False):
         text = "Error: the interpreter failed to run this code (sandbox failure). Try again."
     elif result.status == "timeout":
@@ -68,7 +69,7 @@ def format_result(result: Any, tokenizer: Any, max_tokens: int) -> str:
     elif result.status == "killed":
         text = (result.stdout + "\n" if result.stdout else "") + f"Killed: {result.reason}."
     elif result.status == "error":
-        tail = "\n".join(result.stderr.strip().splitlines()[-12:]) or result.reason
+        tail = "\n".join(result.stderr.strip().splitlines()[-error_lines:]) or result.reason
         text = (result.stdout + "\n" if result.stdout else "") + tail
     else:
         text = result.stdout if result.stdout.strip() else "(no output: print the values you need)"

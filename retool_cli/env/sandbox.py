@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.config import Isolation, SandboxConfig
+from retool_cli.env.exec_cache import ExecCache, sandbox_fingerprint
 from retool_cli.errors import RetoolError
 from retool_cli.interfaces import ExecResult
 
@@ -47,6 +48,7 @@ _SNIPPET_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "PYTHONHASHSEED": "0",
+    "TZ": "UTC",  # what a snippet sees of the machine is fixed where it can be (README, The interpreter cache)
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -135,6 +137,7 @@ def _bwrap_command(config: SandboxConfig, setup: dict[str, Any]) -> list[str]:
     # No --die-with-parent: its parent-death signal fires when the *thread* that started bwrap exits.
     # The worker exits on EOF of its request pipe instead, which also happens when the host dies.
     cmd = ["env", "-i", shutil.which("bwrap") or "bwrap", *_namespace_flags(), "--new-session"]
+    cmd += ["--hostname", "sandbox"]  # its own UTS namespace: not the machine's name
     cmd += ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -166,7 +169,9 @@ def _bwrap_command(config: SandboxConfig, setup: dict[str, Any]) -> list[str]:
         "scratch_root": "/tmp",
         "clean_dirs": ["/dev/shm"],
     }
-    return [*cmd, jail_exe, "-s", "-E", "-B", "/opt/retool_worker.py", json.dumps(jail_setup)]
+    # No -E: the environment is ours alone (cleared above), and PYTHONHASHSEED must reach the worker, whose
+    # children inherit its hash secret (with -E every worker hashed strings differently).
+    return [*cmd, jail_exe, "-s", "-B", "/opt/retool_worker.py", json.dumps(jail_setup)]
 
 
 # ------------------------------------------------------------------ one worker
@@ -210,7 +215,7 @@ class _Worker:
             self._scratch = tempfile.mkdtemp(prefix="retool-sandbox-")
             os.chmod(self._scratch, 0o711)  # the snippet's uid may enter its own call folder, nothing else
             setup = {**setup, "sys_path": site_dirs, "scratch_root": self._scratch, "clean_dirs": []}
-            cmd = [os.path.realpath(sys.executable), "-s", "-E", "-B", str(WORKER_SCRIPT), json.dumps(setup)]
+            cmd = [os.path.realpath(sys.executable), "-s", "-B", str(WORKER_SCRIPT), json.dumps(setup)]
         env = dict(_SNIPPET_ENV) if self.isolation is Isolation.rlimits else None
         self.proc = subprocess.Popen(
             cmd,
@@ -368,9 +373,17 @@ class Sandbox:
             self._free.put(worker)
         self._pool = ThreadPoolExecutor(len(self._workers), thread_name_prefix="sandbox")
         self._lock = threading.Lock()
+        fingerprint = sandbox_fingerprint(self.config, self.isolation, WORKER_SCRIPT)
+        self.cache = ExecCache(fingerprint) if self.config.cache else None
         self.reset_stats()
 
     def run(self, code: str) -> ExecResult:
+        """One snippet's result: from the cache when this code already ran here (sandbox.cache), else run."""
+        if self.cache is None:
+            return self._run_in_worker(code)
+        return self.cache.run(code, self._run_in_worker)
+
+    def _run_in_worker(self, code: str) -> ExecResult:
         worker = self._free.get()
         try:
             result = worker.call(code)
@@ -389,9 +402,12 @@ class Sandbox:
         with self._lock:
             self._counts: Counter[str] = Counter()
             self._latencies: list[float] = []
+        if self.cache is not None:
+            self.cache.reset_stats()
 
     def stats(self) -> dict[str, float]:
-        """Counts per status, infra errors (worker deaths/hangs), rates and latency since the last reset."""
+        """Counts per status of the snippets run (cache hits aside), infra errors (worker deaths/hangs), rates and
+        latency since the last reset; the cache's hits and lookups."""
         with self._lock:
             counts, latencies = Counter(self._counts), sorted(self._latencies)
         total = sum(counts[s] for s in STATUSES)
@@ -401,6 +417,8 @@ class Sandbox:
             "infra_errors": counts["infra"],
         }
         out["infra_error_rate"] = counts["infra"] / total if total else 0.0
+        out["cache_hits"] = float(self.cache.hits if self.cache else 0)
+        out["cache_lookups"] = float(self.cache.lookups if self.cache else 0)
         out["latency_p50_s"] = latencies[len(latencies) // 2] if latencies else 0.0
         out["latency_p95_s"] = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))] if latencies else 0.0
         return out

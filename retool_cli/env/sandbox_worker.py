@@ -136,6 +136,8 @@ def child_main(setup: dict[str, Any], code_r: int, out_w: int, err_w: int, scrat
         os.environ.clear()
         os.environ.update(setup["env"])
         os.environ.update({"HOME": scratch, "TMPDIR": scratch, "PWD": scratch})
+        time.tzset()  # TZ=UTC from the environment above: local time is UTC
+        os.cpu_count = lambda: 1  # the machine's size is not the snippet's business (nor a source of variation)
         random.seed(setup["seed"])
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed(setup["seed"] % 2**32)

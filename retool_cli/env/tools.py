@@ -42,6 +42,7 @@ class CodeInterpreter:
         """`cfg`: the rollout section (rollout.max_tool_result_tokens, rollout.max_sandbox_infra_error_rate)."""
         self.runner, self.tokenizer = runner, tokenizer
         self.max_result_tokens, self.max_infra_error_rate = cfg.max_tool_result_tokens, cfg.max_sandbox_infra_error_rate
+        self.error_lines = cfg.error_tail_lines
 
     def reset(self) -> None:
         self.runner.reset_stats()
@@ -50,9 +51,9 @@ class CodeInterpreter:
         results = self.runner.run_many([call["code"] for call in calls])
         outputs = [
             ToolOutput(
-                format_result(r, self.tokenizer, self.max_result_tokens),
+                format_result(r, self.tokenizer, self.max_result_tokens, self.error_lines),
                 r.status,
-                {"reason": r.reason, "duration_s": r.duration_s},
+                {"reason": r.reason, "duration_s": r.duration_s, "cached": r.cached},
                 infra_error=r.infra_error,
             )
             for r in results
@@ -80,4 +81,6 @@ class CodeInterpreter:
             "rollout/code_error_rate": statuses["error"] / calls,
             "rollout/code_timeout_rate": statuses["timeout"] / calls,
             "rollout/code_killed_rate": statuses["killed"] / calls,
+            # calls answered from the interpreter cache (sandbox.cache): no sandbox run
+            "rollout/code_cache_hit_rate": sum(bool(o.record.get("cached")) for o in outputs) / calls,
         }

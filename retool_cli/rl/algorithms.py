@@ -90,6 +90,7 @@ def policy_loss(
     dual_clip: float | None = None,
     max_tokens: int | None = None,
     loss_scale_tokens: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO clipped surrogate with separate low/high clip bounds (DAPO's clip-higher) and optional dual
     clip for negative advantages. logp, old_logp, mask: (N, T); advantages: (N,) or (N, T).
@@ -97,7 +98,8 @@ def policy_loss(
     aggregation: token_mean (sum over the batch's model tokens / their count; DAPO), seq_mean_token_mean
     (per-sequence mean, then mean; GRPO), seq_mean_token_sum_norm (token sum / (N * max_tokens); Dr.GRPO).
     `loss_scale_tokens` replaces the token count of token_mean when a mini-batch is split into micro-batches
-    (so gradients equal those of the whole mini-batch).
+    (so gradients equal those of the whole mini-batch). `weights` (N, T): the rollout correction's
+    (`rollout_correction`), multiplying each token's clipped loss, as TRL and verl apply theirs.
     """
     mask = mask.to(logp.dtype)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (N, 1) or (N, T)
@@ -107,6 +109,8 @@ def policy_loss(
     per_token = torch.maximum(unclipped, clipped)
     if dual_clip is not None:  # bound the loss of very large ratios on negative advantages
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if weights is not None:
+        per_token = per_token * weights
     loss = aggregate(per_token, mask, aggregation, max_tokens, loss_scale_tokens)
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
@@ -160,3 +164,77 @@ def token_logprobs(
         with torch.no_grad():
             return picked, torch.cat([-(part.exp() * part).sum(-1) for part in logp.split(256, dim=1)], dim=1)
     return picked, None
+
+
+# ------------------------------------------------------------------ the sampler is not the trainer
+#
+# Three policies: the sampler (the engine's logprobs, recorded with each trajectory), the trainer's policy
+# before the update ("old": recomputed by the trainer) and the current one (whose gradient is taken). The PPO
+# ratio compares current with old; the rollout correction weighs each token's loss by how the old policy
+# differs from the sampler, which drew the token: rho = pi_old / pi_sampler (vLLM's bf16 kernels, batch
+# composition and fused ops make it differ from 1 even with the same weights).
+
+ROLLOUT_CORRECTIONS = ("none", "token_tis", "seq_tis", "token_mask", "seq_mask")
+
+
+def rollout_correction(
+    old_logp: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    cap: float = 2.0,
+    bounds: tuple[float, float] = (0.5, 2.0),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss weights (N, T) correcting for the sampler, and (N, T) bool: the model tokens the
+    correction changes (truncated or masked; with `none`, those a token_mask would mask). No gradient.
+
+    none: 1. token_tis: min(rho_t, cap), truncated importance sampling per token (Yao et al. 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training"; verl rollout_is=token, threshold 2;
+    TRL token_truncate). seq_tis: min(prod_t rho_t, cap) on every token of the sequence (verl
+    rollout_is=sequence; TRL sequence_truncate). token_mask: rho_t where lo <= rho_t <= hi, else 0 (masked
+    importance sampling: TRL token_mask; Liu et al. 2025, "When speed kills stability"). seq_mask: a
+    sequence whose geometric-mean ratio exp(mean_t log rho_t) lies outside [lo, hi] gets 0, the others 1
+    (verl rollout_rs=geometric; length-independent, unlike the product). Masked tokens keep their place in the
+    loss's normaliser, as in TRL. With sampler == old policy every weight is exactly 1."""
+    with torch.no_grad():
+        mask = mask.to(old_logp.dtype)
+        log_rho = (old_logp - sampler_logp) * mask  # (N, T), 0 off the model's tokens
+        rho = torch.exp(log_rho)
+        low, high = bounds
+        model_tokens = mask > 0
+        if mode == "none":
+            return torch.ones_like(rho), ((rho < low) | (rho > high)) & model_tokens
+        if mode == "token_tis":
+            return rho.clamp(max=cap), (rho > cap) & model_tokens
+        if mode == "token_mask":
+            inside = (rho >= low) & (rho <= high)
+            return torch.where(inside, rho, torch.zeros_like(rho)), ~inside & model_tokens
+        if mode == "seq_tis":
+            seq_rho = torch.exp(log_rho.sum(-1, keepdim=True))  # (N, 1)
+            return seq_rho.clamp(max=cap).expand_as(rho).clone(), (seq_rho > cap) & model_tokens
+        if mode == "seq_mask":
+            geometric = torch.exp(log_rho.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1))  # (N, 1)
+            inside = (geometric >= low) & (geometric <= high)
+            return inside.to(rho.dtype).expand_as(rho).clone(), ~inside & model_tokens
+        raise ValueError(f"unknown rollout correction {mode!r} ({', '.join(ROLLOUT_CORRECTIONS)})")
+
+
+def mismatch_sums(
+    old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, corrected: torch.Tensor
+) -> dict[str, float]:
+    """Sums over the model tokens of (N, T) tensors, so that micro-batches and processes add up (the step divides
+    by `tokens`): |old - sampler|, the k3 estimate of KL(sampler || trainer) (tokens were drawn from the sampler:
+    rho - 1 - log rho, with rho = pi_trainer / pi_sampler), the tokens the correction changed; and the largest
+    and smallest token ratio."""
+    with torch.no_grad():
+        keep = mask > 0
+        log_rho = (old_logp - sampler_logp)[keep]
+        rho = torch.exp(log_rho)
+        return {
+            "tokens": float(keep.sum()),
+            "abs_logprob_diff": float(log_rho.abs().sum()),
+            "kl_k3": float((rho - 1 - log_rho).sum()),
+            "corrected": float((corrected & keep).sum()),
+            "max_ratio": float(rho.max()) if rho.numel() else 1.0,
+            "min_ratio": float(rho.min()) if rho.numel() else 1.0,
+        }

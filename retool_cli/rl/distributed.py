@@ -89,6 +89,14 @@ def all_reduce_sum(value: float) -> float:
     return float(tensor.item())
 
 
+def all_reduce_max(value: float) -> float:
+    if world()[1] == 1:
+        return value
+    tensor = torch.tensor([float(value)], dtype=torch.float64)
+    torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return float(tensor.item())
+
+
 def equal_count(count: int) -> int:
     """The largest `count` over processes: how many forward/backward passes each must run under FSDP2, whose
     all-gathers and reduce-scatters are collectives (a process short of work runs empty passes)."""

@@ -21,10 +21,19 @@ from retool_cli.config import LossAgg, RetoolConfig, RewardConfig, RewardControl
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import reward_metrics, score_batch
 from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
-from retool_cli.rl.algorithms import degenerate_groups, group_advantages, kl_penalty, policy_loss, shuffled_rewards
+from retool_cli.rl.algorithms import (
+    degenerate_groups,
+    group_advantages,
+    kl_penalty,
+    mismatch_sums,
+    policy_loss,
+    rollout_correction,
+    shuffled_rewards,
+)
 from retool_cli.rl.batch import Batch
 from retool_cli.rl.distributed import (
     all_reduce_gradients,
+    all_reduce_max,
     all_reduce_sum,
     equal_count,
     grad_norm,
@@ -32,6 +41,7 @@ from retool_cli.rl.distributed import (
     world,
 )
 from retool_cli.rl.logprobs import micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.rl.tir_filters import roc_select
 from retool_cli.rollout.agent import Trajectory, run_rollouts, sample_row
 
 
@@ -49,6 +59,12 @@ class StepPlan:
     @classmethod
     def of(cls, cfg: RetoolConfig) -> StepPlan:
         return cls(cfg.trainer, cfg.rollout, cfg.reward, cfg.seed, cfg.context_tokens(), cfg.model.accelerate)
+
+    @property
+    def temperature(self) -> float:
+        """The temperature the trainer's logprobs are taken at: the sampler's (as TRL and verl do), so that the
+        trainer's policy is the one that drew the tokens (greedy sampling: 1)."""
+        return self.rollout.temperature or 1.0
 
 
 def rollout_batch(
@@ -86,7 +102,14 @@ def collect(
         cursor += t.questions_per_step
         seed = plan.seed * 1_000_003 + step * 16 + round_index + rank * 7919
         got, metrics = run_rollouts(
-            questions, engine, protocol, tools, plan.rollout, seed=seed, max_context_tokens=plan.max_context_tokens
+            questions,
+            engine,
+            protocol,
+            tools,
+            plan.rollout,
+            seed=seed,
+            max_context_tokens=plan.max_context_tokens,
+            group_size=plan.rollout.group_size * t.roc_oversample,
         )
         started = time.perf_counter()
         scores = score_batch([x.response() for x in got], plan.reward, verifier)
@@ -94,6 +117,9 @@ def collect(
         for x, s in zip(got, scores, strict=True):
             if s.timed_out and not x.infra:  # no verdict: no evidence about this sample (left out of the update)
                 x.infra = "judge"
+        if t.roc_oversample > 1:  # GRPO-RoC: keep group_size of each question's samples (rl/tir_filters.py)
+            kept, roc_metrics = roc_select(got, scores, plan.rollout.group_size, t.roc_oversample, seed)
+            got, scores, metrics = [got[i] for i in kept], [scores[i] for i in kept], {**metrics, **roc_metrics}
         rewards = torch.tensor([s.reward for s in scores])  # (N,)
         if plan.reward.control is RewardControl.shuffled:  # a control run: the rewards' link to correctness cut
             rewards = shuffled_rewards(rewards, seed)
@@ -155,10 +181,14 @@ def update(
     groups, valid = group_ids(trajectories), valid_samples(trajectories)
     advantages = group_advantages(rewards, groups, t.advantage, valid=valid)  # (N,)
     degenerate = degenerate_groups(rewards, groups, valid)  # (N,)
-    # a void sample (its infrastructure failed) and, with mask_truncated, a truncated one get no gradient
+    # no gradient from a void sample (its infrastructure failed), with mask_truncated from a truncated one, with
+    # filter_void_turns from one with a void turn (SimpleTIR)
+    void_turns = [x.void_turns > 0 for x in trajectories]
     masks = [
-        [0] * len(x.response_mask) if x.infra or (t.mask_truncated and x.truncated) else x.response_mask
-        for x in trajectories
+        [0] * len(x.response_mask)
+        if x.infra or (t.mask_truncated and x.truncated) or (t.filter_void_turns and void)
+        else x.response_mask
+        for x, void in zip(trajectories, void_turns, strict=True)
     ]
     # The sampling logprobs are the engine's; the trainer recomputes them so that ratios compare like with like.
     # One pass over the batch is on-policy: the ratio is exactly 1, so the current logprobs (detached) serve
@@ -169,10 +199,20 @@ def update(
 
     def all_logprobs(m: Any) -> list[torch.Tensor]:
         return _all_logprobs(
-            m, sequences, prompt_lens, pad_id, device, t.micro_batch_tokens, t.bf16_autocast, plan.shared_prefix
+            m,
+            sequences,
+            prompt_lens,
+            pad_id,
+            device,
+            t.micro_batch_tokens,
+            t.bf16_autocast,
+            plan.shared_prefix,
+            plan.temperature,
         )
 
-    extra = {} if on_policy else {"old_logprobs": all_logprobs(model)}
+    extra = {"sampler_logprobs": [_sampler_logprobs(x) for x in trajectories]}
+    if not on_policy:
+        extra["old_logprobs"] = all_logprobs(model)
     if ref_model is not None:
         extra["ref_logprobs"] = all_logprobs(ref_model)
     batch = batch.union(Batch({"advantage": advantages}, {"mask": masks, **extra}))
@@ -185,7 +225,8 @@ def update(
         "kl_ref": [],
     }
     entropy_sum = entropy_tokens = 0.0  # over this process's model tokens
-    for _epoch in range(t.epochs_per_batch):
+    mismatch: dict[str, float] = {}  # sums over this process's model tokens (the first epoch's: old = before)
+    for epoch in range(t.epochs_per_batch):
         for mini in _split(batch, t.mini_batches):
             # With several processes each holds its share of the batch: the loss is normalised by the tokens
             # and sequences of all of them, and gradients are summed, so N processes match one.
@@ -201,6 +242,8 @@ def update(
                     (logp.sum() * 0.0).backward()
                     continue
                 loss, loss_stats, sums = _micro_loss(plan, model, mini.index(group), pad_id, tokens, mini_size)
+                if epoch == 0:
+                    _add_mismatch(mismatch, sums.pop("mismatch"))
                 loss.backward()
                 total += float(loss.detach())
                 stats["clip_fraction"].append(loss_stats.clip_fraction)
@@ -221,6 +264,8 @@ def update(
     out["train/optimizer_steps"] = float(len(stats["loss"]))  # 0 when every token was masked (all truncated)
     out["train/degenerate_group_rate"] = float(degenerate.float().mean())
     out["train/void_rate"] = float((~valid).float().mean())  # left out of the loss: infrastructure failures
+    out["train/void_turn_filtered"] = sum(void_turns) / max(1, len(void_turns))  # masked if filter_void_turns
+    out.update(_mismatch_metrics(mismatch))
     out["train/advantage_abs"] = float(advantages.abs().mean())
     out["train/lr"] = scheduler.get_last_lr()[0]
     return out
@@ -228,7 +273,7 @@ def update(
 
 def _micro_loss(
     plan: StepPlan, model: Any, micro: Batch, pad_id: int, tokens: float, mini_size: float
-) -> tuple[torch.Tensor, Any, dict[str, float]]:
+) -> tuple[torch.Tensor, Any, dict[str, Any]]:
     """The loss of one micro-batch, scaled so that the micro-batches (and processes) of a mini-batch add up to
     its loss; its policy-loss statistics; sums for the step's metrics (entropy over the model's tokens, and
     the KL-to-reference term when there is one)."""
@@ -241,6 +286,7 @@ def _micro_loss(
         [x.token_ids for x in trajectories],
         pad_id,
         device,
+        temperature=plan.temperature,
         bf16_autocast=t.bf16_autocast,
         entropy="loss" if t.entropy_coef > 0 else "metric",
         prompt_lens=prompt_lens,
@@ -250,6 +296,11 @@ def _micro_loss(
     mask = response_mask_matrix(prompt_lens, micro.objects["mask"], width, device)
     old = micro.objects.get("old_logprobs")
     old_logp = logp.detach() if old is None else _stack(old, width, device)
+    sampler_logp = _stack(micro.objects["sampler_logprobs"], width, device)
+    bounds = (t.rollout_correction_bounds[0], t.rollout_correction_bounds[1])
+    weights, corrected = rollout_correction(
+        old_logp, sampler_logp, mask, t.rollout_correction.value, t.rollout_correction_cap, bounds
+    )
     loss, loss_stats = policy_loss(
         logp,
         old_logp,
@@ -261,12 +312,14 @@ def _micro_loss(
         dual_clip=t.dual_clip,
         max_tokens=plan.rollout.max_response_tokens,
         loss_scale_tokens=float(tokens),
+        weights=None if t.rollout_correction.value == "none" else weights,
     )
     if t.loss_agg is not LossAgg.token_mean:  # per-sequence means: weight micro-batches by their share
         loss = loss * len(micro) / mini_size
     assert entropy is not None  # asked for above ("loss" or "metric")
     entropy_sum = (entropy * mask).sum()
-    sums = {"entropy_sum": float(entropy_sum.detach()), "entropy_tokens": float(mask.sum())}
+    sums: dict[str, Any] = {"entropy_sum": float(entropy_sum.detach()), "entropy_tokens": float(mask.sum())}
+    sums["mismatch"] = mismatch_sums(old_logp, sampler_logp, mask, corrected)
     if t.entropy_coef > 0:  # a bonus on the token-mean entropy of the model's tokens
         loss = loss - t.entropy_coef * entropy_sum / tokens
     if "ref_logprobs" in micro.objects and t.kl_coef > 0:
@@ -287,6 +340,7 @@ def _all_logprobs(
     budget: int,
     bf16_autocast: bool,
     shared_prefix: bool,
+    temperature: float,
 ) -> list[torch.Tensor]:
     """Next-token logprobs of each sequence (len - 1,), computed in token-budget micro-batches; only the
     positions predicting response tokens are meaningful (the prompt's are 0 when prompts are shared)."""
@@ -295,11 +349,52 @@ def _all_logprobs(
         chosen = [sequences[i] for i in group] or [[pad_id, pad_id]]  # empty: an FSDP2 pass to keep in step
         lens = [prompt_lens[i] for i in group] or [1]
         logp, _, _ = sequence_logprobs(
-            model, chosen, pad_id, device, bf16_autocast=bf16_autocast, prompt_lens=lens, shared_prefix=shared_prefix
+            model,
+            chosen,
+            pad_id,
+            device,
+            temperature=temperature,
+            bf16_autocast=bf16_autocast,
+            prompt_lens=lens,
+            shared_prefix=shared_prefix,
         )
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]
     return out
+
+
+def _sampler_logprobs(x: Trajectory) -> torch.Tensor:
+    """The engine's logprobs of a trajectory's response tokens (len - 1,), aligned with the trainer's (position
+    t predicts token t + 1); 0 on the prompt and tool tokens, which the mask leaves out."""
+    out = torch.zeros(len(x.token_ids) - 1)
+    start = len(x.prompt_ids) - 1
+    sampled = torch.tensor(x.response_logprobs[: len(x.response_ids)], dtype=torch.float32)
+    out[start : start + len(sampled)] = sampled
+    return out
+
+
+def _add_mismatch(total: dict[str, float], part: dict[str, float]) -> None:
+    for key, value in part.items():
+        if key == "max_ratio":
+            total[key] = max(total.get(key, value), value)
+        elif key == "min_ratio":
+            total[key] = min(total.get(key, value), value)
+        else:
+            total[key] = total.get(key, 0.0) + value
+
+
+def _mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The sampler-trainer gap over every process's model tokens: the mean |log-prob difference|, the k3 KL
+    estimate, the extreme token ratios and the share of tokens the correction truncated or masked."""
+    tokens = all_reduce_sum(sums.get("tokens", 0.0))
+    per_token = {k: all_reduce_sum(sums.get(k, 0.0)) / max(tokens, 1.0) for k in ("abs_logprob_diff", "kl_k3")}
+    return {
+        "train/mismatch_abs_logprob_diff": per_token["abs_logprob_diff"],
+        "train/mismatch_kl_k3": per_token["kl_k3"],
+        "train/mismatch_max_ratio": all_reduce_max(sums.get("max_ratio", 1.0)),
+        "train/mismatch_min_ratio": -all_reduce_max(-sums.get("min_ratio", 1.0)),
+        "train/mismatch_outside_share": all_reduce_sum(sums.get("corrected", 0.0)) / max(tokens, 1.0),
+    }
 
 
 def _stack(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:

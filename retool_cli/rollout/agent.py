@@ -36,7 +36,7 @@ from typing import Any
 
 from retool_cli.config import RolloutConfig, RolloutEngine, RolloutLoop
 from retool_cli.data.dataset import MathExample
-from retool_cli.env.reward import Response, RewardScore
+from retool_cli.env.reward import Response, RewardScore, answer_text, extract_boxed
 from retool_cli.errors import EngineRequestError
 from retool_cli.interfaces import Engine, EngineStream, Generation, Sampling, Tool, ToolCall, ToolOutput, ToolProtocol
 from retool_cli.rollout.watchdog import time_limit
@@ -66,6 +66,7 @@ class Trajectory:
     tool_calls: list[ToolCall] = field(default_factory=list)  # the well-formed calls, in order
     tool_outputs: list[ToolOutput] = field(default_factory=list)  # what each returned (tool_calls[i]'s)
     invalid_calls: int = 0
+    void_turns: int = 0  # turns that neither made a well-formed call nor answered in \boxed{} (SimpleTIR)
     segments: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "tool", decoded text), in order
     stop_reason: str = ""  # one of STOP_REASONS once finished
     truncated: bool = False  # stopped by a length limit in the middle of a turn or a tool result
@@ -115,6 +116,8 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None, tools: list[Tool
         "judge_timed_out": s.timed_out,
         "infra_failure": t.infra or ("judge" if s.timed_out else ""),
         "turns": t.turns,
+        "invalid_calls": t.invalid_calls,
+        "void_turns": t.void_turns,
         **tool_fields,
         "prompt_tokens": len(t.prompt_ids),
         "response_tokens": len(t.response_ids),
@@ -378,6 +381,7 @@ class _Loop:
             t.stop_reason, t.infra = "infra_error", "engine"
         elif gen.finish_reason == "eos":
             t.stop_reason = "answered"
+            t.void_turns += extract_boxed(answer_text(turn_text)) is None
         elif gen.finish_reason == "length":
             t.truncated = True
             t.stop_reason = "context_overflow" if len(t.token_ids) >= self.max_context else "length"
@@ -391,6 +395,7 @@ class _Loop:
                 call = ToolCall(None, error=f"Error: the tool {call.name!r} is not available in this run.")
             if call.name is None:
                 t.invalid_calls += 1  # answered with the error, so the model can learn the format
+                t.void_turns += 1
             return _ToolJob(t, call)
         return None
 
@@ -433,6 +438,7 @@ class _Loop:
             # the code interpreter's, zero in a run without it (protocol=none): the curves every report draws
             "rollout/code_calls": 0.0,
             "rollout/invalid_calls": sum(t.invalid_calls for t in trajectories) / n,
+            "rollout/void_turns": sum(t.void_turns for t in trajectories) / n,
             "rollout/code_error_rate": 0.0,
             "rollout/code_timeout_rate": 0.0,
             "rollout/code_killed_rate": 0.0,

@@ -8,11 +8,14 @@ import pytest
 import torch
 
 from retool_cli.rl.algorithms import (
+    ROLLOUT_CORRECTIONS,
     aggregate,
     degenerate_groups,
     group_advantages,
     kl_penalty,
+    mismatch_sums,
     policy_loss,
+    rollout_correction,
     shuffled_rewards,
     token_logprobs,
 )
@@ -164,3 +167,116 @@ def test_shuffled_rewards_is_a_seeded_permutation() -> None:
     assert sorted(shuffled.tolist()) == sorted(rewards.tolist()) and not torch.equal(shuffled, rewards)
     assert torch.equal(shuffled_rewards(rewards, seed=3), shuffled)  # the same seed, the same permutation
     assert not torch.equal(shuffled_rewards(rewards, seed=4), shuffled)
+
+
+# ------------------------------------------------------------------ rollout correction (sampler vs trainer)
+
+
+def test_rollout_corrections_by_hand() -> None:
+    """Token ratios 1, 3, 1/4 (and a tool token, mask 0, whose ratio would be 10): each mode's weights and the
+    tokens it changes, computed by hand."""
+    old = torch.log(torch.tensor([[1.0, 3.0, 0.25, 10.0]]))
+    sampler = torch.zeros(1, 4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+
+    def run(mode: str, **kw):
+        weights, changed = rollout_correction(old, sampler, mask, mode, **kw)
+        return [round(w, 5) for w in weights[0, :3].tolist()], changed[0].tolist()
+
+    assert run("none") == ([1.0, 1.0, 1.0], [False, True, True, False])  # what token_mask would mask
+    assert run("token_tis", cap=2.0) == ([1.0, 2.0, 0.25], [False, True, False, False])
+    assert run("token_mask", bounds=(0.5, 2.0)) == ([1.0, 0.0, 0.0], [False, True, True, False])
+    assert run("seq_tis", cap=2.0) == ([0.75] * 3, [False] * 4)  # 1 * 3 * 1/4
+    assert run("seq_tis", cap=2.0)[0] == run("seq_tis", cap=1.0)[0]  # below the cap either way
+    geometric = 0.75 ** (1 / 3)  # 0.909
+    assert run("seq_mask", bounds=(0.9, 1.1)) == ([1.0] * 3, [False] * 4) and geometric > 0.9
+    assert run("seq_mask", bounds=(0.95, 1.05)) == ([0.0] * 3, [True, True, True, False])
+    with pytest.raises(ValueError, match="unknown rollout correction"):
+        rollout_correction(old, sampler, mask, "tis")
+
+
+def test_without_a_mismatch_every_correction_is_the_plain_loss_to_the_last_bit() -> None:
+    gen = torch.Generator().manual_seed(1)
+    logp = (torch.randn(6, 9, generator=gen) * 0.5).requires_grad_()
+    old = logp.detach() + torch.randn(6, 9, generator=gen) * 0.1
+    mask = (torch.rand(6, 9, generator=gen) > 0.2).float()
+    adv = torch.randn(6, generator=gen)
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "aggregation": "token_mean"}
+    plain, _ = policy_loss(logp, old, adv, mask, **kw)
+    (grad_plain,) = torch.autograd.grad(plain, logp)
+    for mode in ROLLOUT_CORRECTIONS:
+        weights, changed = rollout_correction(old, old.clone(), mask, mode, cap=1.5, bounds=(0.999, 1.001))
+        assert torch.equal(weights, torch.ones_like(weights)) and not changed.any(), mode
+        loss, _ = policy_loss(logp, old, adv, mask, weights=weights, **kw)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert torch.equal(loss, plain) and torch.equal(grad, grad_plain), mode
+
+
+def trl_is_ratio(old, sampling, mask, mode, clip_min, clip_max):
+    """TRL GRPOTrainer._generate_and_score_completions: the vLLM importance-sampling ratio (trl 1.16)."""
+    per_token_logps_diff = (old - sampling) * mask
+    if mode in ("sequence_mask", "sequence_truncate"):
+        logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    else:
+        logps_diff = per_token_logps_diff
+    ratio = torch.exp(logps_diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = clip_min if clip_min is not None else -math.inf
+    high = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < low) | (ratio > high), value=0.0)
+
+
+def verl_geometric_rejection(old, rollout, mask, low, high):
+    """verl's rollout rejection sampling at the geometric level (rollout_rs=geometric): a sequence is kept
+    when exp(mean over its tokens of log(pi_old / pi_rollout)) lies in [low, high]."""
+    log_ratio = (old - rollout) * mask
+    geometric = torch.exp(log_ratio.sum(-1) / mask.sum(-1).clamp(min=1))
+    return ((geometric >= low) & (geometric <= high)).float()[:, None] * torch.ones_like(old)
+
+
+@pytest.mark.parametrize(
+    ("ours", "trl_mode"),
+    [("token_tis", "token_truncate"), ("seq_tis", "sequence_truncate"), ("token_mask", "token_mask")],
+)
+def test_rollout_correction_parity_with_trl(ours: str, trl_mode: str) -> None:
+    """The same weights as TRL's vLLM importance sampling (upper bound 2; masks: [0.5, 2]) and, multiplied into
+    the clipped token losses as TRL does, the same DAPO loss."""
+    gen = torch.Generator().manual_seed(2)
+    logp = torch.randn(16, 12, generator=gen) * 0.3
+    old = logp + torch.randn(16, 12, generator=gen) * 0.1
+    sampler = old + torch.randn(16, 12, generator=gen) * (0.4 if "token" in ours else 0.3)
+    mask = (torch.rand(16, 12, generator=gen) > 0.3).float()
+    adv = group_advantages(torch.randint(0, 2, (16,), generator=gen).float(), torch.arange(16) // 8, "grpo")
+    clip_min = 0.5 if ours == "token_mask" else None
+    expected = trl_is_ratio(old, sampler, mask, trl_mode, clip_min, 2.0).expand(16, 12)
+    weights, changed = rollout_correction(old, sampler, mask, ours, cap=2.0, bounds=(0.5, 2.0))
+    assert torch.allclose(weights * mask, expected * mask, atol=1e-6) and changed.any()
+    loss, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean", weights=weights)
+    coef_1 = torch.exp(logp - old)
+    coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.28)
+    per_token = -torch.min(coef_1 * adv[:, None], coef_2 * adv[:, None]) * expected  # TRL, beta = 0
+    assert loss.item() == pytest.approx(((per_token * mask).sum() / mask.sum()).item(), rel=1e-6)
+
+
+def test_seq_mask_parity_with_verl_geometric_rejection() -> None:
+    gen = torch.Generator().manual_seed(3)
+    old = torch.randn(32, 20, generator=gen) * 0.3
+    sampler = old + torch.randn(32, 20, generator=gen) * 0.02 + torch.randn(32, 1, generator=gen) * 0.01
+    mask = (torch.rand(32, 20, generator=gen) > 0.3).float()
+    weights, _ = rollout_correction(old, sampler, mask, "seq_mask", bounds=(0.995, 1.005))
+    expected = verl_geometric_rejection(old, sampler, mask, 0.995, 1.005)
+    assert torch.equal(weights, expected) and 0 < expected[:, 0].sum() < 32  # some kept, some masked
+
+
+def test_mismatch_sums_by_hand() -> None:
+    """Ratios trainer / sampler of 1, e and 1/2 on the model tokens (a tool token left out)."""
+    sampler = torch.zeros(1, 4)
+    old = torch.tensor([[0.0, 1.0, math.log(0.5), 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    corrected = torch.tensor([[False, True, False, True]])
+    sums = mismatch_sums(old, sampler, mask, corrected)
+    assert sums["tokens"] == 3 and sums["corrected"] == 1
+    assert sums["abs_logprob_diff"] == pytest.approx(1 + math.log(2))
+    assert sums["kl_k3"] == pytest.approx((math.e - 1 - 1) + (0.5 - 1 - math.log(0.5)))
+    assert sums["max_ratio"] == pytest.approx(math.e) and sums["min_ratio"] == pytest.approx(0.5)

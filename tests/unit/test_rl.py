@@ -4,6 +4,7 @@ update on it."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -211,3 +212,59 @@ def test_a_void_trajectory_changes_nothing_in_the_update(tokenizer) -> None:
     scored_wrong = step(everything)
     assert all(torch.allclose(with_void[k], without[k], atol=1e-7) for k in with_void)
     assert any(not torch.allclose(with_void[k], scored_wrong[k], atol=1e-6) for k in with_void)
+
+
+def test_every_rollout_correction_is_no_correction_when_the_sampler_is_the_trainer(tokenizer) -> None:
+    """Sampling logprobs equal to the trainer's (to the bit): each correction's update is `none`'s to the last
+    bit and the gap metrics read 0. Recorded 0.3 nats off on some tokens, the corrections change the update and
+    the metrics see the gap."""
+    from retool_cli.config import RolloutCorrection
+    from retool_cli.rl.step import _all_logprobs, rollout_batch
+    from retool_cli.rollout.agent import Trajectory
+
+    torch.manual_seed(0)
+    prompt = tokenizer.encode("What is 3 * 7?")
+    trajectories = [
+        Trajectory(MathExample(f"q{j // 4}", "x", "21", "t"), j % 4, prompt, torch.randint(10, 200, (10 + j,)).tolist())
+        for j in range(8)
+    ]
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    cfg = config(dynamic=False)
+    sequences = [x.token_ids for x in trajectories]
+    own = _all_logprobs(model, sequences, [len(prompt)] * 8, 0, torch.device("cpu"), 16384, False, False, 1.0)
+    for x, logp in zip(trajectories, own, strict=True):
+        x.response_mask = [1] * len(x.response_ids)
+        x.response_logprobs = logp[len(prompt) - 1 :].tolist()
+
+    def step(mode: RolloutCorrection, shift: float = 0.0) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        cfg.trainer.rollout_correction, cfg.trainer.rollout_correction_bounds = mode, [0.9, 1.1]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        picked = [Trajectory(**{**vars(x)}) for x in trajectories]
+        for x in picked[::2]:  # every other trajectory's sampler put its tokens `shift` nats likelier
+            x.response_logprobs = [v + shift * (k % 2) for k, v in enumerate(x.response_logprobs)]
+        stats = update(
+            StepPlan.of(cfg),
+            model,
+            rollout_batch(picked, rewards),
+            optimizer,
+            build_scheduler(optimizer, 0, 1, "constant"),
+            0,
+        )
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, stats
+
+    plain, plain_stats = step(RolloutCorrection.none)
+    assert plain_stats["train/mismatch_abs_logprob_diff"] == 0 and plain_stats["train/mismatch_kl_k3"] == 0
+    assert plain_stats["train/mismatch_max_ratio"] == 1 == plain_stats["train/mismatch_min_ratio"]
+    for mode in list(RolloutCorrection)[1:]:
+        weights, stats = step(mode)
+        assert all(torch.equal(weights[k], plain[k]) for k in plain), mode
+        assert stats["train/mismatch_outside_share"] == 0, mode
+    _, gap = step(RolloutCorrection.none, shift=0.3)
+    assert gap["train/mismatch_min_ratio"] == pytest.approx(math.exp(-0.3), rel=1e-5)
+    assert 0 < gap["train/mismatch_outside_share"] < 0.5 and gap["train/mismatch_kl_k3"] > 0
+    for mode in list(RolloutCorrection)[1:]:
+        weights, stats = step(mode, shift=0.3)
+        assert any(not torch.equal(weights[k], plain[k]) for k in plain), mode

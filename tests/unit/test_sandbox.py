@@ -37,6 +37,7 @@ def config(isolation: Isolation, **overrides) -> SandboxConfig:
         "memory_mb": 256,
         "max_output_bytes": 4096,
         "uid_base": 62000,
+        "cache": False,  # these tests are of the workers: every call runs (tests/unit/test_exec_cache.py: the cache)
         **overrides,
     }
     return SandboxConfig(**values)
