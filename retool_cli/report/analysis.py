@@ -17,6 +17,8 @@ CURVES = [
     ("rollout/response_tokens", "response tokens"),
     ("train/entropy", "entropy (model tokens)"),
     ("train/void_rate", "void trajectories (infrastructure failures, left out of the loss)"),
+    ("train/mismatch_kl_k3", "sampler-trainer gap (k3 KL, model tokens)"),
+    ("rollout/code_cache_hit_rate", "interpreter calls answered from the cache"),
     ("kl", "KL"),
     ("time", "step time (s)"),
     ("eval/accuracy", "dev accuracy (periodic eval)"),

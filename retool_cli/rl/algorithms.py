@@ -228,7 +228,7 @@ def mismatch_sums(
     and smallest token ratio."""
     with torch.no_grad():
         keep = mask > 0
-        log_rho = (old_logp - sampler_logp)[keep]
+        log_rho = (old_logp - sampler_logp)[keep].double()  # float64: rho - 1 - log rho of a 1e-7 gap is not < 0
         rho = torch.exp(log_rho)
         return {
             "tokens": float(keep.sum()),

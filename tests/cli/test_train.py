@@ -241,3 +241,36 @@ def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path,
         runs[checkpointing] = comparable(metrics_of(tmp_path / f"run_{checkpointing}"))
     assert any(row["train/grad_norm"] > 0 for row in runs["true"])
     assert runs["true"] == runs["false"]
+
+
+def test_a_bf16_sampler_shows_a_gap_that_the_correction_bounds(sft_run: Path, tmp_path: Path) -> None:
+    """A real sampler-trainer mismatch: the hf engine samples from a bfloat16 copy (rollout.dtype) next to the
+    fp32 trainer. The gap metrics see it (and read ~0 with the shared fp32 weights); seq_mask with bounds [1, 1]
+    masks every sequence that differs at all, so the same rollouts give no gradient, where `none` trains on them."""
+    args = [
+        "train",
+        *TRAIN,
+        "trainer.total_steps=1",
+        f"trainer.init_from={sft_run}",
+        "trainer.mask_truncated=false",
+        "reward.overlong_buffer_tokens=48",
+    ]
+    runs = {
+        "fp32": ["rollout.dtype=auto"],
+        "bf16": ["rollout.dtype=bfloat16"],
+        "masked": [
+            "rollout.dtype=bfloat16",
+            "trainer.rollout_correction=seq_mask",
+            "trainer.rollout_correction_bounds=[1,1]",
+        ],
+    }
+    rows = {}
+    for name, extra in runs.items():
+        run_retool(*args, *extra, f"hydra.run.dir={name}", cwd=tmp_path, check=True)
+        [rows[name]] = metrics_of(tmp_path / name)
+    fp32, bf16, masked = rows["fp32"], rows["bf16"], rows["masked"]
+    assert fp32["train/mismatch_abs_logprob_diff"] < 1e-5 < 1e-3 < bf16["train/mismatch_abs_logprob_diff"]
+    assert bf16["train/mismatch_kl_k3"] > 0 and bf16["train/mismatch_max_ratio"] > 1 > bf16["train/mismatch_min_ratio"]
+    assert masked["train/mismatch_abs_logprob_diff"] == bf16["train/mismatch_abs_logprob_diff"]  # the same rollouts
+    assert bf16["train/grad_norm"] > 0 and masked["train/mismatch_outside_share"] == 1.0
+    assert masked["train/grad_norm"] == 0.0

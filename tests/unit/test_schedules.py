@@ -17,9 +17,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from retool_cli.config import RolloutConfig, RolloutLoop
+from retool_cli.config import Isolation, RolloutConfig, RolloutLoop, SandboxConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import TaggedProtocol
+from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import ExecResult, Generation, Sampling, ToolOutput
@@ -278,3 +279,24 @@ def test_sampling_loop_is_resolved_per_engine() -> None:
     assert loop_of(RolloutConfig(engine=RolloutEngine.hf, loop=ASYNC)) == "async"
     assert loop_of(replace(RolloutConfig(engine=RolloutEngine.vllm), loop=TURNS)) == "turns"
     assert Sampling().seed == 0
+
+
+def test_the_interpreter_cache_changes_no_trajectory(tokenizer, code_policy) -> None:
+    """sandbox.cache on and off, the hf engine sampling the code-calling policy at temperature 1 through the real
+    sandbox (async, calls finishing in random order): the same trajectories, tool outputs included; with the
+    cache, the group's repeated code ran once."""
+    engine = HFEngine(code_policy, tokenizer, accelerate=True)
+    runs = {}
+    for cache in (False, True):
+        with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5, cache=cache)) as box:
+            interpreter = CodeInterpreter(box, tokenizer, RolloutConfig())
+            trajectories, metrics = run(
+                engine, tokenizer, [jittered(interpreter, 0.05)], ASYNC, n=3, max_tokens_per_turn=60
+            )
+            runs[cache] = (trajectories, metrics, box.stats())
+    (plain, plain_metrics, plain_stats), (cached, cached_metrics, cached_stats) = runs[False], runs[True]
+    same(plain, cached)
+    calls = sum(len(t.tool_calls) for t in plain)
+    assert plain_metrics["rollout/code_cache_hit_rate"] == 0 and plain_stats["calls"] == calls >= 6
+    assert cached_metrics["rollout/code_cache_hit_rate"] > 0
+    assert cached_stats["calls"] + cached_stats["cache_hits"] == calls and cached_stats["calls"] < calls
