@@ -237,6 +237,13 @@ class RolloutConfig:
         "machine's memory, unless vllm_kv_cache_gib sizes the KV cache)",
     )
     vllm_kv_cache_gib: float = doc(0.0, "vLLM only: KV cache size in GiB; 0 = from vllm_gpu_memory_utilization")
+    vllm_tensor_parallel_size: int = doc(
+        1,
+        "vLLM only: GPUs one engine spans (a model one device cannot hold). In `train` the engine is colocated "
+        "with the trainer (as verl's hybrid engine): each group of this many consecutive processes of a node "
+        "runs one engine and rolls out one share of the questions, then trains on its own part of it; "
+        "trainer.nproc must be a multiple of it",
+    )
     vllm_batch_invariant: bool = doc(
         False,
         "vLLM only: its batch-invariant kernels (VLLM_BATCH_INVARIANT=1, set before vLLM loads), so that a "
@@ -268,6 +275,13 @@ class RolloutConfig:
         dtypes = ("auto", "float32", "bfloat16", "float16")
         _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1")
+        _check(
+            self.vllm_tensor_parallel_size == 1 or self.loop is not RolloutLoop["async"],
+            "rollout.loop",
+            "async cannot drive an engine spanning processes (rollout.vllm_tensor_parallel_size > 1): its processes "
+            "must see the same batches; use turns or auto",
+        )
         _check(
             self.vllm_kv_cache_gib >= 0,
             "rollout.vllm_kv_cache_gib",
@@ -401,11 +415,33 @@ class TrainerConfig:
     resume: str = doc("auto", "auto: continue the latest checkpoint of an unfinished run of this config | never")
     eval_every: int = doc(0, "evaluate on the dev split every N steps with the benchmark's sampling (0 = off)")
     eval_problems: int = doc(64, "dev problems of a periodic evaluation")
-    nproc: int = doc(1, "processes (one per GPU); > 1 relaunches through torchrun, rank 0 writes the outputs")
+    nproc: int = doc(
+        1,
+        "processes per node (one per GPU); > 1 (or nnodes > 1) relaunches through torchrun, rank 0 writes the outputs",
+    )
     fsdp: bool = doc(
         False,
         "with nproc > 1: shard parameters, gradients and optimizer state (FSDP2) instead of a whole copy per "
         "process; rollouts all-gather the weights once per step",
+    )
+    fsdp_sharding: str = doc(
+        "full",
+        "trainer.fsdp over several nodes: full = shard over every process of every node | hybrid = HSDP, shard "
+        "within a node and replicate across nodes (gradients cross nodes once per step; docs/scaling.md)",
+    )
+    nnodes: int = doc(
+        1,
+        "nodes of the run: each runs `retool train` with its trainer.node_rank (by hand, or `srun`, which "
+        "fills in what the command line does not type), each starting trainer.nproc processes",
+    )
+    node_rank: int = doc(0, "this node's index, 0 .. nnodes - 1; node 0 hosts the rendezvous and writes the run folder")
+    master_addr: str = doc("127.0.0.1", "address of node 0, which every node can reach (Slurm: the first node)")
+    master_port: int = doc(29500, "port of the rendezvous on node 0 (Slurm: 20000 + job id mod 20000)")
+    collective_timeout_s: float = doc(
+        3600.0,
+        "nodes joining the run, and every collective between the processes, must complete within this: a dead "
+        "or stuck process stops the others with an error instead of a hang. Larger than the longest wait of "
+        "a process for the others (a step's rollouts on the slowest process)",
     )
     gradient_checkpointing: bool = doc(False, "recompute activations in backward (less memory, ~30% more time)")
     bf16_autocast: bool = doc(
@@ -437,6 +473,11 @@ class TrainerConfig:
             f"must be [low, high] with 0 <= low <= 1 <= high, got {bounds}",
         )
         _check(self.roc_oversample >= 1, "trainer.roc_oversample", "must be >= 1 (1 = off)")
+        _check(self.nproc >= 1, "trainer.nproc", "must be >= 1")
+        _check(self.nnodes >= 1, "trainer.nnodes", "must be >= 1")
+        _check(self.fsdp_sharding in ("full", "hybrid"), "trainer.fsdp_sharding", "must be full or hybrid")
+        _check(1 <= self.master_port <= 65535, "trainer.master_port", "must be a port (1-65535)")
+        _check(self.collective_timeout_s > 0, "trainer.collective_timeout_s", "must be > 0")
 
 
 @dataclass

@@ -17,6 +17,16 @@ from retool_cli.files import atomic_open
 
 log = logging.getLogger(__name__)
 KEY_FILE = "run_key.txt"
+LAYOUT_KEYS = (
+    "nproc",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "collective_timeout_s",
+    "fsdp",
+    "fsdp_sharding",
+)
 
 
 def _plain(cfg: RetoolConfig) -> dict[str, Any]:
@@ -29,6 +39,11 @@ def config_key(cfg: RetoolConfig) -> str:
     starts from count too: a checkpoint retrained at the same path is another run's."""
     keep = _plain(cfg)
     keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
+    # The layout (nodes, processes, sharding, the engine's span) is not the experiment: every node computes the
+    # same key, and a checkpoint (whole weights, whole optimizer state) resumes on another layout.
+    for key in LAYOUT_KEYS:
+        keep["trainer"].pop(key, None)
+    keep["rollout"].pop("vllm_tensor_parallel_size", None)
     keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
     keep["weights"] = [weights_fingerprint(p) for p in (cfg.model.name_or_path, cfg.trainer.init_from) if p]
     return _digest(keep, 16)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import random
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 from rich.progress import Progress
 
@@ -29,10 +31,12 @@ from retool_cli.rl.distributed import (
     full_state,
     full_weights,
     init_distributed,
-    launch_processes,
     leave_process_group,
+    peers_alive,
+    same_folder_everywhere,
     shard,
 )
+from retool_cli.rl.launch import launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
 from retool_cli.rollout.watchdog import time_limit
@@ -81,19 +85,30 @@ def training_examples(config: RetoolConfig) -> tuple[list, list]:
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
     key = config_key(config)  # before the per-process changes below: every process must agree on it
-    rank, size = init_distributed()
-    if t.nproc > 1 and size == 1:
-        return launch_processes(t.nproc, run_dir)
-    config = for_this_process(config, rank, size)
+    rank, size = init_distributed(t.collective_timeout_s)
+    if size == 1:
+        overrides = list(HydraConfig.get().overrides.task)
+        layout = resolve_rendezvous(t, os.environ, typed_trainer_keys(overrides))
+        if t.nproc > 1 or layout.nnodes > 1:  # relaunched through torchrun, joined with the other nodes
+            return launch_processes(t, layout, overrides, run_dir)
+    with peers_alive():
+        train(for_this_process(config, rank, size), run_dir, key, rank, size)
+
+
+def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -> None:
+    """The run as one of `size` processes (rank 0 writes the outputs)."""
+    t = config.trainer
+    check_tensor_parallel(config, size)
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
+    run_dir = same_folder_everywhere(run_dir)  # rank 0's; every node must see it
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume == "auto", outputs=OUTPUTS)
     checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     model, source = policy_for(config, checkpoint, sharded=t.fsdp and size > 1)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
-    if t.fsdp and size > 1:
-        shard(model)  # after the reference copy: that one stays whole on each process
+    if t.fsdp and size > 1:  # after the reference copy: that one stays whole on each process
+        shard(model, replicas=t.nnodes if t.fsdp_sharding == "hybrid" else 1)
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
     metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source})
@@ -157,6 +172,22 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
+
+
+def check_tensor_parallel(config: RetoolConfig, size: int) -> None:
+    """rollout.vllm_tensor_parallel_size > 1 spans processes of one node: vLLM, and a whole number per node."""
+    tp, r = config.rollout.vllm_tensor_parallel_size, config.rollout
+    if tp == 1:
+        return
+    if r.engine is not RolloutEngine.vllm:
+        raise ConfigError("rollout.vllm_tensor_parallel_size > 1 needs rollout.engine=vllm")
+    if config.trainer.nproc % tp or size < tp:
+        raise ConfigError(
+            f"rollout.vllm_tensor_parallel_size={tp}: the engine's processes are training processes of one node, "
+            f"so trainer.nproc ({config.trainer.nproc}) must be a multiple of it"
+        )
+    if config.trainer.eval_every:  # the periodic eval runs on rank 0 alone: an engine spanning processes cannot
+        raise ConfigError("trainer.eval_every with rollout.vllm_tensor_parallel_size > 1 is not supported yet: set 0")
 
 
 def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:

@@ -11,17 +11,19 @@ Collectives must be called by every process the same number of times: see `equal
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
-import subprocess
-import sys
+import socket
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from retool_cli.errors import RetoolError
+from retool_cli.errors import ConfigError, RetoolError
 
 log = logging.getLogger(__name__)
 
@@ -33,38 +35,71 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the process group that torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
+def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int]:
+    """Join the process group that torchrun describes in the environment (gloo on CPU, nccl on CUDA). Every
+    collective must complete within `timeout_s` (trainer.collective_timeout_s): a dead peer is an error, not
+    a hang."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or world()[1] > 1:
         return world()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    torch.distributed.init_process_group(backend)
+    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return world()
 
 
-def launch_processes(nproc: int, run_dir: Path) -> None:
-    """`trainer.nproc=N`: run this same `retool train` job as N torchrun processes sharing one run folder
-    (this job's overrides only, so a sweep job does not sweep again)."""
-    from hydra.core.hydra_config import HydraConfig
+@contextlib.contextmanager
+def peers_alive() -> Iterator[None]:
+    """A collective that fails because another process of the run died (its connections closed) or stopped
+    answering (trainer.collective_timeout_s) ends this one with one clear error, not a backend traceback."""
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc)
+        lost = isinstance(exc, torch.distributed.DistError) or any(
+            sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL")
+        )
+        if world()[1] == 1 or not lost:
+            raise
+        raise RetoolError(
+            f"rank {world()[0]}: another process of this run died or stopped answering "
+            f"({text.splitlines()[0][:200]}), so this one stops too. Its checkpoints are kept: run the same "
+            "command on every node again to resume from the last one"
+        ) from exc
 
-    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "retool_cli",
-        "train",
-        *overrides,
-        f"hydra.run.dir={run_dir}",
-    ]
-    log.info("launching %d processes: %s", nproc, " ".join(command))
-    if subprocess.run(command).returncode != 0:
-        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'}")
+
+def same_folder_everywhere(folder: Path) -> Path:
+    """Rank 0's run folder, checked to be the same folder for every process: rank 0 writes a token into it and
+    every process must read it back (a run across nodes needs a shared filesystem). A process that cannot
+    is an error naming its host, at start, instead of a run whose checkpoints half the nodes never see."""
+    rank, size = world()
+    if size == 1:
+        return folder
+    shared = [str(folder), uuid.uuid4().hex]
+    torch.distributed.broadcast_object_list(shared, src=0)  # rank 0's folder and token
+    folder, marker = Path(shared[0]), Path(shared[0]) / f".shared-{shared[1]}"
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(shared[1])
+    torch.distributed.barrier()
+    seen = False
+    for _ in range(50):  # a network filesystem may show a new file a little later
+        seen = marker.is_file() and marker.read_text() == shared[1]
+        if seen:
+            break
+        time.sleep(0.1)
+    everyone: list[Any] = [None] * size
+    torch.distributed.all_gather_object(everyone, (socket.gethostname(), seen))
+    torch.distributed.barrier()
+    if rank == 0:
+        marker.unlink()
+    blind = [f"{host} (rank {r})" for r, (host, ok) in enumerate(everyone) if not ok]
+    if blind:
+        raise ConfigError(
+            f"the run folder {folder} is not shared: {', '.join(blind)} cannot read what rank 0 writes there. "
+            "Every node must see the same run folder (a shared filesystem; give hydra.run.dir a path on it)"
+        )
+    return folder
 
 
 def leave_process_group() -> None:
@@ -130,15 +165,24 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: Any) -> None:
+def shard(model: Any, replicas: int = 1) -> None:
     """FSDP2 over all processes: each decoder layer is one unit (gathered for its own forward/backward), the
     rest (embeddings, final norm, head) is the root's. Gradients are summed, not averaged: the loss is
-    normalised by global counts already."""
+    normalised by global counts already. `replicas` > 1 (trainer.fsdp_sharding=hybrid, one per node): HSDP,
+    each node's processes hold one sharded copy and the copies are kept equal by an all-reduce of the
+    gradients across nodes (a 2-D device mesh: replicate x shard)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    size = world()[1]
+    if size % replicas:
+        raise ConfigError(f"trainer.fsdp_sharding=hybrid: {size} processes do not split into {replicas} nodes")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape, names = ((replicas, size // replicas), ("replicate", "shard")) if replicas > 1 else ((size,), ("shard",))
+    mesh = init_device_mesh(device, shape, mesh_dim_names=names)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for module in _units(model):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)

@@ -97,10 +97,14 @@ def collect(
     t = plan.trainer
     rounds: list[Batch] = []
     rank, size = world()
+    # A vLLM engine over `tp` processes (rollout.vllm_tensor_parallel_size) is one sampler: its processes roll out
+    # one share together (the same requests, the same seeds), then each trains on its own questions of it.
+    tp = plan.rollout.vllm_tensor_parallel_size
+    share, shares = rank // tp, size // tp
     for round_index in range(t.max_sampling_rounds if t.dynamic_sampling else 1):
-        questions = take_batch(examples, cursor, t.questions_per_step)[rank::size]  # this process's share
+        questions = take_batch(examples, cursor, t.questions_per_step)[share::shares]  # this engine's share
         cursor += t.questions_per_step
-        seed = plan.seed * 1_000_003 + step * 16 + round_index + rank * 7919
+        seed = plan.seed * 1_000_003 + step * 16 + round_index + share * 7919
         got, metrics = run_rollouts(
             questions,
             engine,
@@ -120,6 +124,9 @@ def collect(
         if t.roc_oversample > 1:  # GRPO-RoC: keep group_size of each question's samples (rl/tir_filters.py)
             kept, roc_metrics = roc_select(got, scores, plan.rollout.group_size, t.roc_oversample, seed)
             got, scores, metrics = [got[i] for i in kept], [scores[i] for i in kept], {**metrics, **roc_metrics}
+        if tp > 1:  # this process's questions of the engine's share: whole groups, disjoint from the others'
+            mine = [i for i in range(len(got)) if (i // plan.rollout.group_size) % tp == rank % tp]
+            got, scores = [got[i] for i in mine], [scores[i] for i in mine]
         rewards = torch.tensor([s.reward for s in scores])  # (N,)
         if plan.reward.control is RewardControl.shuffled:  # a control run: the rewards' link to correctness cut
             rewards = shuffled_rewards(rewards, seed)

@@ -136,9 +136,12 @@ def request_seed(batch_seed: int, question: str, sample_index: int, turn: int) -
 
 
 def loop_of(cfg: RolloutConfig) -> str:
-    """`async` or `turns`: rollout.loop, with auto resolved (async with vLLM, turns with hf: README, Rollout loops)."""
+    """`async` or `turns`: rollout.loop, with auto resolved (async with vLLM, turns with hf: README, Rollout loops).
+    A vLLM engine spanning processes (rollout.vllm_tensor_parallel_size > 1) takes turns: each of its processes
+    schedules the same requests itself, so they must arrive in the same batches everywhere, which the async
+    loop (requests as tool calls return) cannot promise."""
     if cfg.loop is RolloutLoop.auto:
-        return "async" if cfg.engine is RolloutEngine.vllm else "turns"
+        return "async" if cfg.engine is RolloutEngine.vllm and cfg.vllm_tensor_parallel_size == 1 else "turns"
     return str(cfg.loop.value)
 
 

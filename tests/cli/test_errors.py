@@ -65,3 +65,17 @@ def test_eval_refuses_a_benchmark_whose_prompts_exceed_the_prompt_budget(tmp_pat
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "rollout.max_prompt_tokens=8" in out and "(first: " in out
     assert _runs(tmp_path, "eval") == []
+
+
+def test_a_layout_the_processes_cannot_take_fails_naming_the_key(tmp_path: Path) -> None:
+    """A node rank outside the nodes; an engine spanning processes with the hf engine, or more processes than a
+    node runs: each one message naming its key, before any process starts."""
+    cases = {
+        "trainer.node_rank": ["trainer.nnodes=2", "trainer.node_rank=2"],
+        "rollout.vllm_tensor_parallel_size > 1 needs rollout.engine=vllm": ["rollout.vllm_tensor_parallel_size=2"],
+        "rollout.loop": ["rollout=vllm", "rollout.vllm_tensor_parallel_size=2", "rollout.loop=async"],
+    }
+    for expected, extra in cases.items():
+        proc = run_retool("train", *SMOKE, *extra, cwd=tmp_path)
+        assert proc.returncode == 1 and expected in proc.stdout + proc.stderr, (extra, proc.stderr[-2000:])
+    assert _runs(tmp_path, "train") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -146,3 +147,42 @@ def test_a_rank_reading_the_run_key_while_rank_0_writes_it_finds_it_whole(tmp_pa
         reads += 1
     writer.join()
     assert writer.exitcode == 0 and reads > 100
+
+
+def check_folder(rank: int, world: int, init_file: str, folder: str, out: str, blind: bool) -> None:
+    import ctypes
+
+    from retool_cli.errors import ConfigError
+    from retool_cli.rl.distributed import same_folder_everywhere
+
+    if blind and rank == 1:  # this "node" has its own filesystem at the folder: a mount namespace with a tmpfs
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), "unshare")
+        libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None)  # MS_REC | MS_PRIVATE: nothing leaks out
+        if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", 0, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result = f"ok {same_folder_everywhere(Path(folder) if rank == 0 else Path('/elsewhere'))}"
+    except ConfigError as exc:
+        result = f"error {exc}"
+    Path(out, f"rank{rank}").write_text(result)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+@pytest.mark.parametrize("blind", [False, True], ids=["shared", "not shared"])
+def test_every_process_must_see_rank_0s_run_folder(tmp_path: Path, blind: bool) -> None:
+    """Every process adopts rank 0's run folder and reads back a token rank 0 wrote there; a process whose
+    filesystem does not hold it (its own mount over the folder, as a node without the shared filesystem) makes
+    every process stop with an error naming it, instead of training into folders that differ."""
+    folder, out = tmp_path / "run", tmp_path / "out"
+    folder.mkdir()
+    out.mkdir()
+    mp.spawn(check_folder, args=(2, str(tmp_path / "init"), str(folder), str(out), blind), nprocs=2)
+    results = [(out / f"rank{r}").read_text() for r in range(2)]
+    if not blind:
+        assert results == [f"ok {folder}"] * 2 and list(folder.iterdir()) == []  # the token is cleaned up
+    else:
+        assert all(r.startswith("error the run folder") and "(rank 1)" in r and "(rank 0)" not in r for r in results)

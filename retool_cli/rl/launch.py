@@ -1,0 +1,127 @@
+"""Where the processes of a training run come from: `retool train` with trainer.nproc > 1 or trainer.nnodes > 1
+relaunches itself through torchrun, one torchrun per node.
+
+    node r: retool train ... trainer.nnodes=N trainer.node_rank=r   (by hand, or `srun`: values from Slurm)
+      --> python -m torch.distributed.run --nnodes=N --node_rank=r --master_addr=A --master_port=P
+            --nproc_per_node=trainer.nproc -m retool_cli train ... hydra.run.dir=RUN
+        --> processes of global rank r * nproc + local rank, one process group over all nodes
+
+torchrun's static rendezvous (a c10d TCP store on the master) gives every process the rank its node and local
+index say, so a run on N nodes of n processes is the run of one node with N * n processes, rank for rank
+(the data shares and sampling seeds follow the rank). Under Slurm (`srun retool train ...` with one task per
+node, or Hydra's submitit launcher) the values not typed on the command line come from the allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from retool_cli.config import TrainerConfig
+from retool_cli.errors import ConfigError, RetoolError
+
+log = logging.getLogger(__name__)
+LAUNCH_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")  # how a run is laid out, not what it computes
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list ("gpu[01-03,07],login1") as host names, in order."""
+    hosts: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[\]]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.append(f"{prefix}{number:0{len(low)}d}")
+    return hosts
+
+
+def slurm_values(env: Mapping[str, str]) -> dict[str, int | str]:
+    """trainer.nnodes, node_rank, master_addr and master_port as a Slurm allocation gives them ({} outside
+    one): the job step's nodes, this node's index, the first node, a port derived from the job id (so two
+    jobs sharing a node do not collide)."""
+    if "SLURM_JOB_ID" not in env:
+        return {}
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    hosts = expand_hostlist(nodelist)
+    values: dict[str, int | str] = {}
+    nnodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
+    if nnodes:
+        values["nnodes"] = int(nnodes)
+    if "SLURM_NODEID" in env:
+        values["node_rank"] = int(env["SLURM_NODEID"])
+    if hosts:
+        values["master_addr"] = hosts[0]
+    values["master_port"] = 20000 + int(env["SLURM_JOB_ID"]) % 20000
+    return values
+
+
+def typed_trainer_keys(overrides: list[str]) -> set[str]:
+    """The trainer keys a command line sets ("trainer.master_port=31000" -> "master_port")."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    return {k.removeprefix("trainer.") for k in keys if k.startswith("trainer.")}
+
+
+def resolve_rendezvous(trainer: TrainerConfig, env: Mapping[str, str], typed: set[str]) -> Rendezvous:
+    """The run's layout: what the command line typed (`typed`: the trainer keys given there), else Slurm's
+    values inside an allocation, else the config's."""
+    values: dict[str, int | str] = {key: getattr(trainer, key) for key in LAUNCH_KEYS}
+    from_slurm = {k: v for k, v in slurm_values(env).items() if k not in typed}
+    if from_slurm:
+        log.info("Slurm allocation: %s", ", ".join(f"trainer.{k}={v}" for k, v in from_slurm.items()))
+    values.update(from_slurm)
+    layout = Rendezvous(
+        int(values["nnodes"]), int(values["node_rank"]), str(values["master_addr"]), int(values["master_port"])
+    )
+    if not 0 <= layout.node_rank < layout.nnodes:
+        raise ConfigError(f"trainer.node_rank: {layout.node_rank} is not a node of trainer.nnodes={layout.nnodes}")
+    return layout
+
+
+def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list[str], run_dir: Path) -> None:
+    """Run this same `retool train` job as trainer.nproc torchrun processes on this node, joined with the other
+    nodes' (this job's overrides only, so a sweep job does not sweep again; the layout as resolved)."""
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", *(f"trainer.{k}=" for k in LAUNCH_KEYS)))]
+    if layout.nnodes == 1:
+        where = ["--standalone"]
+    else:
+        where = [
+            f"--nnodes={layout.nnodes}",
+            f"--node_rank={layout.node_rank}",
+            f"--master_addr={layout.master_addr}",
+            f"--master_port={layout.master_port}",
+            f"--rdzv_conf=timeout={int(trainer.collective_timeout_s)}",  # waiting for the other nodes to join
+        ]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc_per_node={trainer.nproc}",
+        "-m",
+        "retool_cli",
+        "train",
+        *kept,
+        *(f"trainer.{k}={getattr(layout, k)}" for k in LAUNCH_KEYS),
+        f"hydra.run.dir={run_dir}",
+    ]
+    log.info(
+        "launching %d processes on node %d of %d: %s", trainer.nproc, layout.node_rank, layout.nnodes, " ".join(command)
+    )
+    if subprocess.run(command).returncode != 0:
+        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'} (and the other nodes' logs)")

@@ -1,0 +1,101 @@
+"""rl/launch.py: the run's layout from the command line and from a Slurm allocation (a recorded environment
+of a 2-node job), and the torchrun command each node runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retool_cli.config import TrainerConfig
+from retool_cli.errors import ConfigError
+from retool_cli.rl import launch
+from retool_cli.rl.launch import Rendezvous, expand_hostlist, resolve_rendezvous, slurm_values
+
+# `env | grep SLURM` inside `srun --nodes=2 --ntasks-per-node=1` on a cluster, task of the second node
+# (job 4127733; values as Slurm 23.02 sets them)
+SLURM_2_NODES = {
+    "SLURM_JOB_ID": "4127733",
+    "SLURM_JOBID": "4127733",
+    "SLURM_JOB_NAME": "retool",
+    "SLURM_JOB_NODELIST": "gpu-st-p4d-[017-018]",
+    "SLURM_NODELIST": "gpu-st-p4d-[017-018]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_STEP_NODELIST": "gpu-st-p4d-[017-018]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_GPUS_ON_NODE": "8",
+    "SLURM_CPUS_ON_NODE": "96",
+    "SLURMD_NODENAME": "gpu-st-p4d-018",
+    "SLURM_SUBMIT_DIR": "/fsx/users/me/retool",
+}
+
+
+def test_hostlists_expand_in_order_with_their_padding() -> None:
+    assert expand_hostlist("gpu-st-p4d-[017-018]") == ["gpu-st-p4d-017", "gpu-st-p4d-018"]
+    assert expand_hostlist("node[1-3,10],login2,a[08-09]") == [
+        "node1",
+        "node2",
+        "node3",
+        "node10",
+        "login2",
+        "a08",
+        "a09",
+    ]
+    assert expand_hostlist("single") == ["single"] and expand_hostlist("") == []
+
+
+def test_a_two_node_allocation_gives_the_layout() -> None:
+    assert slurm_values(SLURM_2_NODES) == {
+        "nnodes": 2,
+        "node_rank": 1,
+        "master_addr": "gpu-st-p4d-017",
+        "master_port": 20000 + 4127733 % 20000,
+    }
+    layout = resolve_rendezvous(TrainerConfig(), SLURM_2_NODES, typed=set())
+    assert layout == Rendezvous(2, 1, "gpu-st-p4d-017", 27733)
+    assert slurm_values({"PATH": "/usr/bin"}) == {}  # not in an allocation
+    assert resolve_rendezvous(TrainerConfig(), {}, set()) == Rendezvous(1, 0, "127.0.0.1", 29500)
+
+
+def test_what_the_command_line_types_wins_over_slurm() -> None:
+    trainer = TrainerConfig(master_port=31000, master_addr="10.0.0.5")
+    layout = resolve_rendezvous(trainer, SLURM_2_NODES, typed={"master_port", "master_addr"})
+    assert layout == Rendezvous(2, 1, "10.0.0.5", 31000)
+
+
+def test_a_node_rank_outside_the_nodes_is_an_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match="trainer.node_rank"):
+        resolve_rendezvous(TrainerConfig(nnodes=2, node_rank=2), {}, set())
+    with pytest.raises(ConfigError, match="trainer.nnodes"):
+        TrainerConfig(nnodes=0)
+
+
+def test_each_node_runs_torchrun_with_its_rank_and_the_master(monkeypatch, tmp_path: Path) -> None:
+    commands: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(launch.subprocess, "run", lambda command: commands.append(command) or Done())
+    trainer = TrainerConfig(nproc=4, nnodes=2)
+    layout = Rendezvous(2, 1, "gpu-st-p4d-017", 27733)
+    overrides = ["recipe=dapo_smoke", "trainer.nproc=4", "trainer.node_rank=0", "hydra.run.dir=elsewhere"]
+    launch.launch_processes(trainer, layout, overrides, tmp_path / "run")
+    [command] = commands
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--node_rank=1", "--master_addr=gpu-st-p4d-017", "--master_port=27733"} <= set(command)
+    assert "--nproc_per_node=4" in command and "--standalone" not in command
+    tail = command[command.index("retool_cli") + 1 :]
+    assert tail[0] == "train" and "recipe=dapo_smoke" in tail and "trainer.node_rank=0" not in tail
+    assert "trainer.node_rank=1" in tail and tail[-1] == f"hydra.run.dir={tmp_path / 'run'}"
+    commands.clear()
+    launch.launch_processes(TrainerConfig(nproc=2), Rendezvous(1, 0, "127.0.0.1", 29500), [], tmp_path)
+    assert "--standalone" in commands[0] and not any(c.startswith("--nnodes") for c in commands[0])
