@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.cli.test_train import TRAIN, comparable, metrics_of, sft_run  # noqa: F401 (sft_run: a fixture)
+from tests.helpers import run_retool
 
 ARGS = [*TRAIN, "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48", "trainer.keep_last=4"]
 
@@ -76,13 +77,7 @@ def test_two_nodes_make_the_run_of_one_node_with_two_processes(sft_run: Path, tm
     args = [*ARGS, "trainer.total_steps=2", f"trainer.init_from={sft_run}", *extra]
     nodes = two_nodes([*args, "hydra.run.dir=nodes"], tmp_path)
     assert [code for code, _, _ in nodes] == [0, 0], nodes[0][1][-3000:] + nodes[1][1][-3000:]
-    one = subprocess.run(
-        [sys.executable, "-m", "retool_cli", "train", *args, "trainer.nproc=2", "hydra.run.dir=one"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    one = run_retool("train", *args, "trainer.nproc=2", "hydra.run.dir=one", cwd=tmp_path, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
     assert comparable(metrics_of(tmp_path / "nodes")) == comparable(metrics_of(tmp_path / "one"))
     assert same_weights(weights(tmp_path / "nodes", 2), weights(tmp_path / "one", 2))
@@ -110,13 +105,7 @@ def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_run: Path, tmp_
     assert same_weights(weights(run, 4), weights(tmp_path / "whole" / "run", 4))
     # the checkpoint resumes on another layout too (one process on one node): steps 3 and 4 are trained from
     # step 2's weights and optimizer state, with other data shares, so other numbers
-    one = subprocess.run(
-        [sys.executable, "-m", "retool_cli", "train", *args],
-        cwd=tmp_path / "elsewhere",
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    one = run_retool("train", *args, cwd=tmp_path / "elsewhere", timeout=600)
     assert one.returncode == 0 and "resumed from" in one.stdout + one.stderr, one.stderr[-3000:]
     rows = metrics_of(tmp_path / "elsewhere" / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[:2] == metrics_of(run)[:2]
@@ -130,13 +119,7 @@ def test_hybrid_sharding_across_two_nodes(sft_run: Path, tmp_path: Path) -> None
     args += ["trainer.fsdp=true", "trainer.nproc=2"]
     nodes = two_nodes([*args, "trainer.fsdp_sharding=hybrid", "hydra.run.dir=hybrid"], tmp_path)
     assert [code for code, _, _ in nodes] == [0, 0], nodes[0][1][-3000:]
-    full = subprocess.run(
-        [sys.executable, "-m", "retool_cli", "train", *args, "trainer.nproc=4", "hydra.run.dir=full"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+    full = run_retool("train", *args, "trainer.nproc=4", "hydra.run.dir=full", cwd=tmp_path, timeout=600)
     assert full.returncode == 0, full.stderr[-3000:]
     hybrid, sharded = metrics_of(tmp_path / "hybrid"), metrics_of(tmp_path / "full")
     for a, b in zip(hybrid, sharded, strict=True):
@@ -159,16 +142,9 @@ def test_a_vllm_engine_spanning_two_processes(sft_run: Path, tmp_path: Path) -> 
         "rollout=vllm",
         "rollout.vllm_kv_cache_gib=0.25",
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     runs = {}
     for name, extra in (("tp", ["trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2"]), ("one", [])):
-        proc = subprocess.run(
-            [sys.executable, "-m", "retool_cli", "train", *args, *extra, f"hydra.run.dir={name}"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+        proc = run_retool("train", *args, *extra, f"hydra.run.dir={name}", cwd=tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = metrics_of(tmp_path / name)
     for tp, one in zip(runs["tp"], runs["one"], strict=True):
