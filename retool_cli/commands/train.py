@@ -36,7 +36,7 @@ from retool_cli.rl.distributed import (
     same_folder_everywhere,
     shard,
 )
-from retool_cli.rl.launch import launch_processes, resolve_rendezvous, typed_trainer_keys
+from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
 from retool_cli.rollout.watchdog import time_limit
@@ -98,7 +98,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
 def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -> None:
     """The run as one of `size` processes (rank 0 writes the outputs)."""
     t = config.trainer
-    check_tensor_parallel(config, size)
+    check_engine_span(config, size)
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
     run_dir = same_folder_everywhere(run_dir)  # rank 0's; every node must see it
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume == "auto", outputs=OUTPUTS)
@@ -172,22 +172,6 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
-
-
-def check_tensor_parallel(config: RetoolConfig, size: int) -> None:
-    """rollout.vllm_tensor_parallel_size > 1 spans processes of one node: vLLM, and a whole number per node."""
-    tp, r = config.rollout.vllm_tensor_parallel_size, config.rollout
-    if tp == 1:
-        return
-    if r.engine is not RolloutEngine.vllm:
-        raise ConfigError("rollout.vllm_tensor_parallel_size > 1 needs rollout.engine=vllm")
-    if config.trainer.nproc % tp or size < tp:
-        raise ConfigError(
-            f"rollout.vllm_tensor_parallel_size={tp}: the engine's processes are training processes of one node, "
-            f"so trainer.nproc ({config.trainer.nproc}) must be a multiple of it"
-        )
-    if config.trainer.eval_every:  # the periodic eval runs on rank 0 alone: an engine spanning processes cannot
-        raise ConfigError("trainer.eval_every with rollout.vllm_tensor_parallel_size > 1 is not supported yet: set 0")
 
 
 def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:

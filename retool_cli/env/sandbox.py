@@ -373,7 +373,7 @@ class Sandbox:
             self._free.put(worker)
         self._pool = ThreadPoolExecutor(len(self._workers), thread_name_prefix="sandbox")
         self._lock = threading.Lock()
-        fingerprint = sandbox_fingerprint(self.config, self.isolation, WORKER_SCRIPT)
+        fingerprint = sandbox_fingerprint(self.config, self.isolation, WORKER_SCRIPT) if self.config.cache else ""
         self.cache = ExecCache(fingerprint) if self.config.cache else None
         self.reset_stats()
 

@@ -57,7 +57,7 @@ def peers_alive() -> Iterator[None]:
     except RuntimeError as exc:
         text = str(exc)
         lost = isinstance(exc, torch.distributed.DistError) or any(
-            sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL")
+            sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Timed out")
         )
         if world()[1] == 1 or not lost:
             raise

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from retool_cli.config import TrainerConfig
+from retool_cli.config import RetoolConfig, RolloutEngine, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
 
 log = logging.getLogger(__name__)
@@ -125,3 +125,19 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
     )
     if subprocess.run(command).returncode != 0:
         raise RetoolError(f"a training process failed; see {run_dir / 'train.log'} (and the other nodes' logs)")
+
+
+def check_engine_span(config: RetoolConfig, size: int) -> None:
+    """rollout.vllm_tensor_parallel_size > 1 spans processes of one node: vLLM, and a whole number per node."""
+    tp = config.rollout.vllm_tensor_parallel_size
+    if tp == 1:
+        return
+    if config.rollout.engine is not RolloutEngine.vllm:
+        raise ConfigError("rollout.vllm_tensor_parallel_size > 1 needs rollout.engine=vllm")
+    if config.trainer.nproc % tp or size < tp:
+        raise ConfigError(
+            f"rollout.vllm_tensor_parallel_size={tp}: the engine's processes are training processes of one node, "
+            f"so trainer.nproc ({config.trainer.nproc}) must be a multiple of it"
+        )
+    if config.trainer.eval_every:  # the periodic eval runs on rank 0 alone: an engine spanning processes cannot
+        raise ConfigError("trainer.eval_every with rollout.vllm_tensor_parallel_size > 1 is not supported yet: set 0")

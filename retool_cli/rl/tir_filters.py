@@ -26,8 +26,8 @@ def tool_errors(t: Trajectory) -> int:
 
 
 def format_problems(t: Trajectory, score: Any) -> int:
-    """Malformed calls, void turns, and a final answer not where the reward looks for it."""
-    return t.invalid_calls + t.void_turns + (not score.formatted)
+    """Void turns (malformed calls among them) and a final answer not where the reward looks for it."""
+    return t.void_turns + (not score.formatted)
 
 
 def roc_select(

@@ -98,7 +98,7 @@ class Score:
 def trajectory(errors: int = 0, invalid: int = 0) -> Trajectory:
     t = Trajectory(MathExample("q", "x", "1", "t"), 0, [1])
     t.tool_outputs = [ToolOutput("", "error")] * errors + [ToolOutput("", "ok")]
-    t.invalid_calls = invalid
+    t.invalid_calls = t.void_turns = invalid  # a malformed call is a void turn, as the agent loop counts it
     return t
 
 
