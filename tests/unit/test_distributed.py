@@ -36,6 +36,14 @@ def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
     return trajectories, torch.tensor(rewards)
 
 
+def leave_group() -> None:
+    """Both ranks done before the group goes, then out without the interpreter's teardown: gloo's threads can
+    abort a finished process at exit ("terminate called without an active exception", SIGABRT, seen in CI)."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    os._exit(0)
+
+
 def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, fsdp: bool = False) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,9 +71,8 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
         torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)
-    if world > 1:  # both ranks done before the group goes (else gloo may abort one at exit: SIGABRT)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    if world > 1:
+        leave_group()
 
 
 @pytest.mark.parametrize(
