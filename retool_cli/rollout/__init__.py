@@ -31,6 +31,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
             kv_cache_gib=r.vllm_kv_cache_gib,
             tokenizer=tokenizer,
             batch_invariant=r.vllm_batch_invariant,
+            enforce_eager=r.vllm_enforce_eager,
             tensor_parallel_size=r.vllm_tensor_parallel_size,
         )
     from retool_cli.model.loading import resolve_dtype

@@ -67,14 +67,16 @@ class VLLMEngine:
         tokenizer: Any = None,
         batch_invariant: bool = False,
         tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
     ) -> None:
         """An engine on `model_path`'s weights (a checkpoint folder or a hub id). `sleep_mode` is used where
         the platform has it (CUDA); `kv_cache_gib` > 0 sizes the KV cache explicitly (on CPU vLLM otherwise
         takes `gpu_memory_utilization` of the machine's memory). `tokenizer`: the run's, which vLLM's own must
         agree with (vLLM finds stop strings in its own decoding). `batch_invariant`: rollout.vllm_batch_invariant
         (some of vLLM's modules read it when they are imported: set it for the first engine of a process).
-        `tensor_parallel_size`: under torchrun, consecutive processes of that many form one engine (each holds
-        its shard and is given the same requests); outside torchrun vLLM starts its own workers."""
+        `enforce_eager`: rollout.vllm_enforce_eager (no compilation). `tensor_parallel_size`: under torchrun,
+        consecutive processes of that many form one engine (each holds its shard and is given the same
+        requests); outside torchrun vLLM starts its own workers."""
         if batch_invariant:
             os.environ["VLLM_BATCH_INVARIANT"] = "1"
         vllm = _import_vllm()
@@ -117,6 +119,7 @@ class VLLMEngine:
                     enable_prefix_caching=True,
                     logprobs_mode="processed_logprobs",
                     tensor_parallel_size=tensor_parallel_size,
+                    enforce_eager=enforce_eager,
                     **extra,
                     **launcher,
                 )

@@ -68,30 +68,52 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [[], ["trainer.fsdp=true"], ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25"]],
-    ids=["hf", "fsdp2", "vllm"],
-)
-def test_two_nodes_make_the_run_of_one_node_with_two_processes(sft_run: Path, tmp_path: Path, extra: list[str]) -> None:  # noqa: F811
-    args = [*ARGS, "trainer.total_steps=2", f"trainer.init_from={sft_run}", *extra]
-    nodes = two_nodes([*args, "hydra.run.dir=nodes"], tmp_path)
+# vLLM without compilation: each engine start compiles again on vLLM 0.32's CPU build (10-20 s)
+VLLM = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_enforce_eager=true"]
+
+
+def two_nodes_and_one(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The run as two node commands (folder `nodes`) and as one command with trainer.nproc=2 (folder `one`):
+    the same metrics and final weights, bit for bit. Returns the one-node command's result."""
+    nodes = two_nodes([*args, "hydra.run.dir=nodes"], cwd)
     assert [code for code, _, _ in nodes] == [0, 0], nodes[0][1][-3000:] + nodes[1][1][-3000:]
-    one = run_retool("train", *args, "trainer.nproc=2", "hydra.run.dir=one", cwd=tmp_path, timeout=600)
+    one = run_retool("train", *args, "trainer.nproc=2", "hydra.run.dir=one", cwd=cwd, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert comparable(metrics_of(tmp_path / "nodes")) == comparable(metrics_of(tmp_path / "one"))
-    assert same_weights(weights(tmp_path / "nodes", 2), weights(tmp_path / "one", 2))
-    assert not (tmp_path / "outputs").exists()  # one run folder, written by node 0's rank 0
+    assert comparable(metrics_of(cwd / "nodes")) == comparable(metrics_of(cwd / "one"))
+    steps = metrics_of(cwd / "one")[-1]["step"]
+    assert same_weights(weights(cwd / "nodes", steps), weights(cwd / "one", steps))
+    assert not (cwd / "outputs").exists()  # one run folder, written by node 0's rank 0
+    return one
+
+
+def test_two_nodes_with_fsdp2_make_the_run_of_one_node(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    two_nodes_and_one([*ARGS, "trainer.total_steps=2", f"trainer.init_from={sft_run}", "trainer.fsdp=true"], tmp_path)
+
+
+def test_two_nodes_with_vllm_engines_and_a_periodic_eval(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Each process runs its own vLLM engine in-process (external launcher), and rank 0's engine alone serves
+    the periodic eval (no collective inside vLLM's generate waits for another rank): on two nodes as on one."""
+    args = [*ARGS, *VLLM, "trainer.total_steps=2", f"trainer.init_from={sft_run}", "trainer.eval_every=2"]
+    args += ["trainer.eval_problems=3", "benchmark.n_samples=2", "benchmark.max_response_tokens=48"]
+    one = two_nodes_and_one(args, tmp_path)
+    assert (one.stdout + one.stderr).count("external launcher (one per process)") == 2
+    for run in ("nodes", "one"):
+        rows = metrics_of(tmp_path / run)
+        assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/grad_norm"] > 0
+        assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0
+        assert len((tmp_path / run / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
+        assert (tmp_path / run / "final.txt").exists()
 
 
 def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
     """Node 1 is SIGKILLed right after step 2: node 0 stops with an error saying so within seconds (no hang),
-    and the same two commands again continue from step 2 to the metrics and weights of an uninterrupted run."""
+    and the same two commands again continue from step 2 to the metrics and weights of an uninterrupted run on
+    one node with two processes (so two nodes train as one node with two processes, and resume exactly)."""
     args = [*ARGS, "trainer.total_steps=4", f"trainer.init_from={sft_run}", "hydra.run.dir=run"]
     (tmp_path / "whole").mkdir()
     (tmp_path / "broken").mkdir()
-    whole = two_nodes(args, tmp_path / "whole")
-    assert [code for code, _, _ in whole] == [0, 0]
+    whole = run_retool("train", *args, "trainer.nproc=2", cwd=tmp_path / "whole", timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
     (node0, out0, ended0), (node1, _, ended1) = two_nodes(args, tmp_path / "broken", die="step:2")
     assert node1 != 0 and node0 == 1
     assert "another process of this run died or stopped answering" in out0
@@ -103,6 +125,7 @@ def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_run: Path, tmp_
     assert [code for code, _, _ in resumed] == [0, 0], resumed[0][1][-3000:]
     assert comparable(metrics_of(run)) == comparable(metrics_of(tmp_path / "whole" / "run"))
     assert same_weights(weights(run, 4), weights(tmp_path / "whole" / "run", 4))
+    assert not (tmp_path / "broken" / "outputs").exists()  # one run folder, written by node 0's rank 0
     # the checkpoint resumes on another layout too (one process on one node): steps 3 and 4 are trained from
     # step 2's weights and optimizer state, with other data shares, so other numbers
     one = run_retool("train", *args, cwd=tmp_path / "elsewhere", timeout=600)
@@ -139,8 +162,7 @@ def test_a_vllm_engine_spanning_two_processes(sft_run: Path, tmp_path: Path) -> 
         *ARGS,
         "trainer.total_steps=2",
         f"trainer.init_from={sft_run}",
-        "rollout=vllm",
-        "rollout.vllm_kv_cache_gib=0.25",
+        *VLLM,
     ]
     runs = {}
     for name, extra in (("tp", ["trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2"]), ("one", [])):

@@ -165,7 +165,7 @@ def test_sft_train_eval_on_a_real_vocabulary(
     protocol, train_engine, eval_engine, random_model, traces, tmp_path
 ) -> None:
     common = [*REAL, f"model.name_or_path={random_model}", f"protocol={protocol}"]
-    vllm = ["rollout.vllm_kv_cache_gib=0.25"]
+    vllm = ["rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_enforce_eager=true"]  # each start compiles again: 10-20 s
     run_retool(
         "sft", *common, f"sft.traces_file={traces}", "sft.steps=3", "sft.batch_size=2", "sft.warmup_steps=0",
         "sft.log_every=1", "hydra.run.dir=sft", cwd=tmp_path, check=True,
