@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.cli.test_train import TRAIN, comparable, metrics_of, sft_run  # noqa: F401 (sft_run: a fixture)
+from tests.cli.test_vllm import VLLM
 from tests.helpers import run_retool
 
 ARGS = [*TRAIN, "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48", "trainer.keep_last=4"]
@@ -66,10 +67,6 @@ def weights(run: Path, step: int) -> dict[str, torch.Tensor]:
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-# vLLM without compilation: each engine start compiles again on vLLM 0.32's CPU build (10-20 s)
-VLLM = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_enforce_eager=true"]
 
 
 def two_nodes_and_one(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
