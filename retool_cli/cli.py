@@ -63,6 +63,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
+    from retool_cli import run_lock, stops
     from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.errors import RetoolError
     from retool_cli.files import write_json
@@ -71,25 +72,77 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     def task(cfg: DictConfig) -> None:
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        overrides = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
         try:
             config = to_config(cfg)
-            record = provenance(config, [command, *args])
-            record["overrides"] = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
-            write_json(run_dir / "provenance.json", record)
-            main(config, run_dir)
+            stops.set_grace(config.trainer.stop_timeout_s)
+            stops.set_resume_hint(resume_command(command, overrides, run_dir, cfg))
+            with run_lock.holding():  # the run folders this command claims, released at its end
+                run_lock.check(run_dir)  # before anything is written there: one writer per folder
+                if command != "train":  # train claims where it knows which process writes (rl/launch.py)
+                    run_lock.claim(run_dir, command)
+                record = provenance(config, [command, *args])
+                record["overrides"] = overrides
+                write_json(run_dir / "provenance.json", record)
+                main(config, run_dir)
         except (RetoolError, OmegaConfBaseException) as exc:
             # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left.
             log.error("%s", str(exc).strip())
             discard_if_empty(run_dir)
             raise SystemExit(1) from None
+        except stops.Stopped as stop:
+            stopped(stop, command, overrides, run_dir, cfg)
 
     register_configs()
     if "--help" in args or "-h" in args:
         print(command_help(command, [a for a in args if not a.startswith("-")]), end="")
         return
     _quiet_libraries()
-    sys.argv = [f"retool {command}", *hydra_argv(args)]
+    argv = hydra_argv(args)
+    if not {"-m", "--multirun"} & set(argv):
+        run_lock.refuse_if_busy(argv)
+    sys.argv = [f"retool {command}", *argv]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+# The key that turns resuming on, per command that resumes, and its value then.
+_RESUME_KEYS = {"train": ("trainer.resume", "auto"), "sft": ("sft.resume", "auto"), "eval": ("eval.resume", "true")}
+
+
+def resume_command(command: str, overrides: list[str], run_dir: Path, cfg: Any) -> str:
+    """The command line that continues this run: the same one, with resume turned on where the config turned it
+    off, and the folder the run writes in (a run that resumed another's folder: that one)."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    if command in _RESUME_KEYS:
+        key, on = _RESUME_KEYS[command]
+        if str(OmegaConf.select(cfg, key)).lower() != on:
+            kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") != key] + [f"{key}={on}"]
+    resumed = run_dir / "resumed_into.txt"
+    folder = Path(resumed.read_text().strip()) if resumed.is_file() else run_dir
+    return shlex.join(["retool", command, *kept, f"hydra.run.dir={folder}"])
+
+
+def stopped(stop: Any, command: str, overrides: list[str], run_dir: Path, cfg: Any) -> None:
+    """A stop signal ended the command: its one line on how to resume, the exit status of that signal. A process
+    of a run that `retool train` launched (torchrun's ranks) reports to the launcher instead, which says it."""
+    import os
+
+    from retool_cli import stops
+
+    if discard_if_empty(run_dir):
+        log.error("stopped by %s before anything was written; run the same command again", stop.name)
+        raise SystemExit(stop.exit_code)
+    report = os.environ.get(stops.REPORT_ENV)
+    if report:
+        if os.environ.get("RANK", "0") == "0":
+            Path(report).write_text(stop.name)
+        stops.exit_quietly(0)  # the launcher reports the stop (and torchrun prints no failure of its own)
+    log.error("stopped by %s; to resume, run: %s", stop.name, resume_command(command, overrides, run_dir, cfg))
+    raise SystemExit(stop.exit_code)
 
 
 def command_help(command: str, overrides: list[str]) -> str:
@@ -116,7 +169,7 @@ def command_help(command: str, overrides: list[str]) -> str:
 
 
 # What a run folder holds before its command has produced anything.
-_BOOKKEEPING = {".hydra", "run_key.txt", "resumed_into.txt", "provenance.json"}
+_BOOKKEEPING = {".hydra", "run_key.txt", "resumed_into.txt", "provenance.json", ".retool.lock"}
 
 
 def discard_if_empty(run_dir: Path) -> bool:
@@ -303,4 +356,11 @@ def _run_or_exit(run: Callable, *args: Any) -> None:
 
 
 def main() -> None:
-    app()
+    from retool_cli import stops
+
+    stops.install()
+    try:
+        app()
+    except stops.Stopped as stop:  # a command outside Hydra's (report, eval-report, ...): its output is atomic
+        log.error("stopped by %s", stop.name)
+        raise SystemExit(stop.exit_code) from None

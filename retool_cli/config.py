@@ -413,6 +413,16 @@ class TrainerConfig:
     max_sampling_rounds: int = doc(3, "cap on extra rollout batches per step with dynamic sampling")
     save_every: int = doc(50, "checkpoint every N steps (and at the end)")
     keep_last: int = doc(2, "checkpoints kept on disk")
+    save_on_signal: bool = doc(
+        False,
+        "on a stop signal (SIGTERM, Ctrl-C, SIGUSR1) also checkpoint the last complete step, so a preempted run "
+        "loses nothing finished (train and sft; README, Signals and preemption)",
+    )
+    stop_timeout_s: float = doc(
+        20.0,
+        "after a stop signal, the time a command has to stop cleanly (finish or abandon its step, save with "
+        "save_on_signal); then all its processes are killed (completed checkpoints are kept). Every command",
+    )
     keep_rollouts: int = doc(
         4,
         "trajectories of each step written to rollouts.jsonl for `retool report` (half right, half wrong "
@@ -468,6 +478,7 @@ class TrainerConfig:
         _check(self.schedule in ("constant", "cosine"), "trainer.schedule", "must be constant or cosine")
         _check(self.resume in ("auto", "never"), "trainer.resume", "must be auto or never")
         _check(self.kl_estimator in ("k1", "k3"), "trainer.kl_estimator", "must be k1 or k3")
+        _check(self.stop_timeout_s > 0, "trainer.stop_timeout_s", "must be > 0")
         for key in ("epochs_per_batch", "mini_batches", "micro_batch_tokens", "save_every", "keep_last"):
             _check(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
         _check(self.keep_rollouts >= 0, "trainer.keep_rollouts", "must be >= 0")
@@ -548,6 +559,11 @@ class SandboxConfig:
         "keyed by the code and everything that can change its output (limits, seed, preloaded modules and "
         "their versions, the interpreter); README, The interpreter cache: what it guarantees",
     )
+    cache_max_mib: int = doc(
+        256,
+        "memory the cache's results may take in the trainer process (each at most max_output_bytes of output); "
+        "the least recently used are dropped beyond it",
+    )
     preload: list[str] = doc(
         help="imported once per worker, so snippets import them for free (and, under rlimits as root, at all)",
         factory=lambda: [
@@ -575,7 +591,11 @@ class SandboxConfig:
         "sp.nsimplify(0.5); sp.N(sp.pi, 20); sp.Matrix([[1, 2], [3, 4]]).det(); sp.binomial(10, 3)",
         "run once in each worker before it forks: fills sympy's lazy imports and caches for every child",
     )
-    uid_base: int = doc(61000, "when run as root: snippets run as uid_base + k, never as root")
+    uid_base: int = doc(
+        61000,
+        "when run as root: snippets run as uids from uid_base up, never as root; each sandbox (each worker of "
+        "each process of each run on the machine) claims uids no other holds (lock files in /run/lock)",
+    )
     start_timeout_s: float = doc(120.0, "a worker that is not ready by then is an infrastructure error")
 
     def __post_init__(self) -> None:
@@ -588,6 +608,7 @@ class SandboxConfig:
             "max_file_mb",
             "scratch_mb",
             "max_open_files",
+            "cache_max_mib",
         ):
             _check(getattr(self, key) >= 1, f"sandbox.{key}", "must be >= 1")
         _check(self.max_output_bytes >= 1024, "sandbox.max_output_bytes", "must be >= 1024")

@@ -21,7 +21,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give the file the usual permissions
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
             yield handle
@@ -34,7 +34,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         raise
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -26,6 +26,9 @@ LAYOUT_KEYS = (
     "collective_timeout_s",
     "fsdp",
     "fsdp_sharding",
+    "save_on_signal",  # how a stop ends the run, and whether it continues one, not what it computes
+    "stop_timeout_s",
+    "resume",
 )
 
 
@@ -43,6 +46,7 @@ def config_key(cfg: RetoolConfig) -> str:
     # same key, and a checkpoint (whole weights, whole optimizer state) resumes on another layout.
     for key in LAYOUT_KEYS:
         keep["trainer"].pop(key, None)
+    keep["sft"].pop("resume", None)
     keep["rollout"].pop("vllm_tensor_parallel_size", None)
     keep["questions_per_batch"] = cfg.eval.questions_per_batch  # ...but the chunking changes the seeds
     keep["weights"] = [weights_fingerprint(p) for p in (cfg.model.name_or_path, cfg.trainer.init_from) if p]

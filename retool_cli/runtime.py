@@ -1,6 +1,6 @@
 """What the commands open before their loop, built in one place: the values a config leaves to the run
 resolved once, before anything reads them (`ckpt=` as the model to load, the training precision of
-`model.dtype=auto`, each process's sandbox uids and device), the run folder (a fresh one or the unfinished run
+`model.dtype=auto`, each process's device), the run folder (a fresh one or the unfinished run
 of the same config), and a Runtime (tokenizer, tool protocol, engine, code runner, judge) opened by one
 `with`, closed together. Core code below the commands takes the config as it leaves here and never rewrites it."""
 
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from retool_cli import run_lock
 from retool_cli.config import ProtocolName, RetoolConfig, RolloutEngine
 from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
@@ -71,12 +72,11 @@ def training_precision(config: RetoolConfig) -> RetoolConfig:
 
 
 def for_this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig:
-    """The config as this process runs it: under several processes its own sandbox uids and device; the
-    training precision resolved (model.dtype=auto on CUDA: fp32 weights under bf16 autocast)."""
-    if size > 1:
-        config = replace(config, sandbox=replace(config.sandbox, uid_base=config.sandbox.uid_base + 64 * rank))
-        if torch.cuda.is_available():
-            config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
+    """The config as this process runs it: under several processes its own device (each sandbox claims its own
+    snippet uids, env/sandbox.py); the training precision resolved (model.dtype=auto on CUDA: fp32 weights
+    under bf16 autocast)."""
+    if size > 1 and torch.cuda.is_available():
+        config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
     return training_precision(config)
 
 
@@ -94,10 +94,13 @@ def run_folder(
     config, else the unfinished run of the same config key under outputs/COMMAND (no `finished` file yet, some
     `progress` file), which it then continues. Not resuming: `run_dir`, emptied of the `outputs` a previous run
     left there (files or folders, by name): a rerun with resume off starts over instead of appending to them.
-    Under torchrun only rank 0 removes or writes anything."""
+    Under torchrun only rank 0 removes or writes anything, and claims the folder (run_lock: one writer each; a
+    folder a live run holds is refused, also as the unfinished run to continue)."""
     rank0 = os.environ.get("RANK", "0") == "0"
+    run_lock.claim(run_dir, config.command)
     if resume:
         out_dir = find_resumable(run_dir, key, Path.cwd() / "outputs" / config.command, finished, progress)
+        run_lock.claim(out_dir, config.command)
     else:
         out_dir = run_dir
         if rank0:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from retool_cli import stops
 from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.data.traces import Trace, file_traces, synthetic_traces
@@ -94,24 +95,30 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
         start = state["step"]
         rng.setstate(state["batch_rng"])
-        metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
+    metrics.truncate_after(start)  # what a stopped run logged after its last checkpoint (all of it, without one)
     log.info("sft: %d traces, %d steps of %d, %s -> %s", len(traces), cfg.steps, cfg.batch_size, source, out_dir)
     started = time.perf_counter()
-    for step in range(start + 1, cfg.steps + 1):
-        loss = batch_loss(config, model, rng.sample(traces, min(cfg.batch_size, len(traces))), tokenizer.pad_token_id)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            lr, elapsed = scheduler.get_last_lr()[0], time.perf_counter() - started
-            metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
-            log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            state = {"cursor": 0, "batch_rng": rng.getstate()}
-            save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, state, keep_last=1)
-        die_if_due("step", step)  # the resume test's fault injection (RETOOL_DIE_AFTER=step:N)
+    with stops.deferred():  # a stop signal ends the run at the end of a step (SFT steps are short)
+        for step in range(start + 1, cfg.steps + 1):
+            batch = rng.sample(traces, min(cfg.batch_size, len(traces)))
+            loss = batch_loss(config, model, batch, tokenizer.pad_token_id)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                lr, elapsed = scheduler.get_last_lr()[0], time.perf_counter() - started
+                metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
+                log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
+            stop = stops.requested()
+            if step % cfg.save_every == 0 or step == cfg.steps or (stop and config.trainer.save_on_signal):
+                state = {"cursor": 0, "batch_rng": rng.getstate()}
+                save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, state, keep_last=1)
+            die_if_due("step", step)  # the resume test's fault injection (RETOOL_DIE_AFTER=step:N)
+            if stop:
+                log.warning("stopped after step %d (last checkpoint: %s)", step, latest_checkpoint(out_dir))
+                raise stops.Stopped(stop)
     plot_metrics(metrics.rows(), ["loss", "grad_norm", "lr"], out_dir / "sft.png")
     (out_dir / "final.txt").write_text(f"finished at step {cfg.steps}\n")
     log.info("wrote %s", latest_checkpoint(out_dir))

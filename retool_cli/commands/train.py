@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from rich.console import Console
 from rich.progress import Progress
 
+from retool_cli import run_lock, stops
 from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
@@ -25,8 +26,16 @@ from retool_cli.faults import die_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer
-from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
+from retool_cli.rl.checkpoints import (
+    MetricsLog,
+    latest_checkpoint,
+    load_trainer_state,
+    plot_metrics,
+    rng_state,
+    save_checkpoint,
+)
 from retool_cli.rl.distributed import (
+    agreed_stop,
     barrier,
     full_state,
     full_weights,
@@ -91,6 +100,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         layout = resolve_rendezvous(t, os.environ, typed_trainer_keys(overrides))
         if t.nproc > 1 or layout.nnodes > 1:  # relaunched through torchrun, joined with the other nodes
             return launch_processes(t, layout, overrides, run_dir)
+        run_lock.claim(run_dir, "train")
     with peers_alive():
         train(for_this_process(config, rank, size), run_dir, key, rank, size)
 
@@ -116,15 +126,18 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
         start, cursor = state["step"], state["cursor"]
-        if rank == 0:
-            metrics.truncate_after(start)
         log.info("resumed from %s (step %d)", checkpoint, start)
+    if rank == 0:
+        metrics.truncate_after(start)  # what a stopped run logged after its last checkpoint (all of it, without one)
     log.info("train: %d questions, %d steps, from %s -> %s", len(examples), t.total_steps, source, out_dir)
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
+    checkpoint_at = Checkpointing(config, out_dir, model, tokenizer, optimizer, scheduler, rank)
+    checkpoint_at.last = start
     with (
         open_runtime(config, tokenizer, protocol, policy=model, weights=source) as rt,
         Progress(console=Console(stderr=True)) as progress,
+        stops.deferred(),  # a stop ends the run at a step's end (all ranks agreed), or alone in the rollouts
     ):
         engine, tools, verifier = rt.engine, rt.tools, rt.judge
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
@@ -132,9 +145,14 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
         task = progress.add_task("train", total=t.total_steps, completed=start)
         plan = StepPlan.of(config)
         for step in range(start + 1, t.total_steps + 1):
-            timer = Timer()
-            with timer("rollout_s"), weights_for(config, model):
-                batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
+            timer, before = Timer(), {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
+            try:  # one process: a stop abandons the rollouts at once (nothing trained yet); several: see agreed_stop
+                with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
+                    batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
+            except stops.Stopped:
+                if t.save_on_signal and step - 1 > checkpoint_at.last:
+                    checkpoint_at(step - 1, before)
+                raise
             with engine_call(config, "the engine's sleep"):
                 engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
@@ -158,20 +176,41 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 completed=step,
                 description=f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}",
             )
-            if step % t.save_every == 0 or step == t.total_steps:
-                full = full_state(model, optimizer)  # FSDP2: gathered on rank 0, by every process
-                if rank == 0:
-                    save_checkpoint(
-                        out_dir, step, model, tokenizer, optimizer, scheduler, {"cursor": cursor}, t.keep_last, full
-                    )
+            stop = agreed_stop()
+            if step % t.save_every == 0 or step == t.total_steps or (stop and t.save_on_signal):
+                checkpoint_at(step, {"cursor": cursor})
             barrier()  # no process runs ahead of a checkpoint being written
             die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
+            if stop:
+                log.warning("stopped after step %d (last checkpoint: step %d)", step, checkpoint_at.last)
+                raise stops.Stopped(stop)
     leave_process_group()
     if rank > 0:
         return
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
+
+
+class Checkpointing:
+    """Writes the run's checkpoints (rank 0; FSDP2's gather is every process's) and remembers the last one."""
+
+    def __init__(
+        self, config: RetoolConfig, out_dir: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, rank: int
+    ) -> None:
+        self.config, self.out_dir, self.rank = config, out_dir, rank
+        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.last = 0
+
+    def __call__(self, step: int, state: dict[str, Any]) -> None:
+        """checkpoints/step_N with `state` (the data cursor; the RNG state when it is not the current one)."""
+        full = full_state(self.model, self.optimizer)  # FSDP2: gathered on rank 0, by every process
+        if self.rank == 0:
+            t = self.config.trainer
+            save_checkpoint(
+                self.out_dir, step, self.model, self.tokenizer, self.optimizer, self.scheduler, state, t.keep_last, full
+            )
+        self.last = step
 
 
 def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:

@@ -10,7 +10,10 @@ with PYTHONHASHSEED, random / numpy.random seeds, the time zone, the host name a
 limits, the seed, the preloaded modules and their versions, the interpreter's version and the worker script.
 What a snippet reads of the wall clock, of process ids or of the machine's speed (whether it beats a time
 limit) is not fixed: for such code the cache returns the first run's result to every later caller, so within
-a run identical code always gets identical output. A sandbox failure (a dead worker) is never stored.
+a run identical code always gets identical output. A sandbox failure (a dead worker) is never stored. Nothing
+a call leaves behind reaches a later call (sandbox.py: scratch emptied, IPC and keyrings refused, uids of its
+own), so a fresh run of the code prints what the cache holds. The cache holds at most sandbox.cache_max_mib of
+results (each output already capped at sandbox.max_output_bytes), least recently used dropped first.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from retool_cli.config import Isolation, SandboxConfig
 from retool_cli.interfaces import ExecResult
 
-MAX_ENTRIES = 65_536  # results kept (least recently used dropped): outputs are capped at sandbox.max_output_bytes
+ENTRY_OVERHEAD = 512  # bytes an entry takes besides its texts: the key, the ExecResult, the dict's slot
 
 
 def sandbox_fingerprint(config: SandboxConfig, isolation: Isolation, worker_script: Path) -> str:
@@ -50,18 +53,26 @@ def sandbox_fingerprint(config: SandboxConfig, isolation: Isolation, worker_scri
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 
-class ExecCache:
-    """Results by code, for one sandbox (thread-safe). `hits` / `lookups` since the last `reset_stats`."""
+def result_bytes(result: ExecResult) -> int:
+    """What a stored result takes in memory (a str of non-ASCII text takes up to 4 bytes a character)."""
+    return sys.getsizeof(result.stdout) + sys.getsizeof(result.stderr) + sys.getsizeof(result.reason) + ENTRY_OVERHEAD
 
-    def __init__(self, fingerprint: str, max_entries: int = MAX_ENTRIES) -> None:
-        self.fingerprint, self.max_entries = fingerprint, max_entries
+
+class ExecCache:
+    """Results by code, for one sandbox (thread-safe), at most `max_bytes` of them (result_bytes). `hits` /
+    `lookups` since the last `reset_stats`."""
+
+    def __init__(self, fingerprint: str, max_bytes: int = 256 << 20) -> None:
+        self.fingerprint, self.max_bytes = fingerprint, max_bytes
+        self.bytes = 0  # what the stored results take now
         self._done: OrderedDict[str, ExecResult] = OrderedDict()
         self._running: dict[str, Future[ExecResult]] = {}
         self._lock = threading.Lock()
         self.hits = self.lookups = 0
 
     def key(self, code: str) -> str:
-        return hashlib.sha256(f"{self.fingerprint}\0{code}".encode()).hexdigest()
+        # surrogatepass: model-written code may hold a lone surrogate ('\udc80'), which plain UTF-8 refuses
+        return hashlib.sha256(f"{self.fingerprint}\0{code}".encode("utf-8", "surrogatepass")).hexdigest()
 
     def run(self, code: str, execute: Callable[[str], ExecResult]) -> ExecResult:
         """The stored result of `code`, or `execute(code)` (once, however many threads ask at the same time)."""
@@ -96,12 +107,21 @@ class ExecCache:
             raise
         with self._lock:
             if not result.infra_error:
-                self._done[key] = result
-                while len(self._done) > self.max_entries:
-                    self._done.popitem(last=False)
+                self._store(key, result)
             del self._running[key]
         pending.set_result(result)
         return result
+
+    def _store(self, key: str, result: ExecResult) -> None:
+        """Keep `result` (under the lock), dropping the least recently used beyond max_bytes."""
+        size = result_bytes(result)
+        if size > self.max_bytes:
+            return
+        self._done[key] = result
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, dropped = self._done.popitem(last=False)
+            self.bytes -= result_bytes(dropped)
 
     def reset_stats(self) -> None:
         with self._lock:

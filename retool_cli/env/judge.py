@@ -364,16 +364,26 @@ def _bracket_depth(text: str) -> int:
 def judge_worker_main() -> None:
     """A judge process: one JSON line [gold, pred] in, one JSON line (the verdict) out."""
     import logging
+    import signal
 
+    # The host process decides when a judge stops (it kills it, or closes its pipe): a stop signal meant for the
+    # run (Ctrl-C in a terminal) must not print a traceback here.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns that we disabled its alarm timeouts
     install_two_stage_latex_parsing()
     import math_verify  # noqa: F401  (imported before "ready": import time is not a pair's time)
 
-    print("ready", flush=True)
-    for line in sys.stdin:
-        gold, pred = json.loads(line)
-        try:
-            verdict = judge(gold, pred)
-        except Exception:
-            verdict = False
-        print(json.dumps(verdict), flush=True)
+    try:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            gold, pred = json.loads(line)
+            try:
+                verdict = judge(gold, pred)
+            except Exception:
+                verdict = False
+            print(json.dumps(verdict), flush=True)
+    except BrokenPipeError:  # the host is gone (or closed us): nothing to answer
+        import os
+
+        os._exit(0)

@@ -13,6 +13,7 @@ run time is bounded by killing its worker process, from any thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import queue
 import re
@@ -155,6 +156,7 @@ class _JudgeProcess:
             stdout=subprocess.PIPE,
             text=True,
             bufsize=1,
+            start_new_session=True,  # a terminal's Ctrl-C (or torchrun's signal to a rank's group) is not its
         )
         self.ready = False
 
@@ -180,7 +182,8 @@ class _JudgeProcess:
         self.proc.kill()
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
-            pipe.close()  # type: ignore[union-attr]
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
 
 
 def _readable(stream: IO[str], timeout_s: float) -> bool:
@@ -193,10 +196,11 @@ class Verifier:
     def __init__(self, timeout_s: float = 5.0, workers: int = 2) -> None:
         self.timeout_s = timeout_s
         self._idle: queue.Queue[_JudgeProcess] = queue.Queue()
-        for _ in range(workers):  # start importing math-verify now, in the background
-            self._idle.put(_JudgeProcess())
-        self._cache: dict[tuple[str, str], bool] = {}
+        self._started: list[_JudgeProcess] = []  # every worker process, killed at close
         self._lock = threading.Lock()
+        for _ in range(workers):  # start importing math-verify now, in the background
+            self._idle.put(self._spawn())
+        self._cache: dict[tuple[str, str], bool] = {}
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="verify")
         self.counts: Counter[str] = Counter()
 
@@ -234,10 +238,10 @@ class Verifier:
         except (OSError, ValueError, RuntimeError):  # a broken worker: replace it, judge the pair as wrong
             result, started = False, time.monotonic()
             process.kill()
-            process = _JudgeProcess()
+            process = self._spawn()
         if result is None:  # timed out: kill it (the only way to stop C code) and start a fresh one
             process.kill()
-            self._idle.put(_JudgeProcess())
+            self._idle.put(self._spawn())
             self._count("timeout")
             return Verdict(False, timed_out=True, path="slow")
         self._idle.put(process)
@@ -253,10 +257,20 @@ class Verifier:
         with self._lock:
             self.counts["slow_ms"] += int(seconds * 1000)
 
+    def _spawn(self) -> _JudgeProcess:
+        process = _JudgeProcess()
+        with self._lock:
+            self._started.append(process)
+        return process
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        while not self._idle.empty():
-            self._idle.get().kill()
+        """Stop at once (a stopping run does not wait for pairs in flight): pairs not started are dropped and every
+        worker is killed; a pair in flight is judged wrong, and nothing judged after close is used."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            started = list(self._started)
+        for process in started:
+            process.kill()
 
     def __enter__(self) -> Verifier:
         return self

@@ -5,17 +5,22 @@
       --fork--> child: setsid, limits, drop to an unprivileged uid, run the snippet, exit
       <-- ExecResult(stdout, stderr, status, duration_s, reason, exit_code, truncated)
 
-Isolation `bwrap`: no network (own network namespace), a private size-limited /tmp, a fresh /proc of
-its own pid namespace, the system and the interpreter read-only, no project files, no home
+Isolation `bwrap`: no network (own network namespace), a private size-limited /tmp and /dev/shm, a fresh
+/proc of its own pid namespace, the system and the interpreter read-only, no project files, no home
 directories, an empty environment, and (when started as root) every snippet as an unprivileged uid
 that cannot signal or trace the worker. Isolation `rlimits` (where bubblewrap is unavailable): the
 same limits, scrubbed environment and scratch folder, but no filesystem or network isolation.
+
+In both, nothing a call makes outlives it: the kernel objects that are not files of the call's scratch
+folder (System V IPC, POSIX message queues, the kernel keyring, which no namespace covers) are refused
+by a seccomp filter, and each Sandbox claims snippet uids no other sandbox on the machine holds (a lock
+file per uid), so no run shares a process quota or a uid's files with another.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import fcntl
 import json
 import logging
 import os
@@ -39,6 +44,7 @@ from retool_cli.config import Isolation, SandboxConfig
 from retool_cli.env.exec_cache import ExecCache, sandbox_fingerprint
 from retool_cli.errors import RetoolError
 from retool_cli.interfaces import ExecResult
+from retool_cli.stops import descendants
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,9 @@ _SNIPPET_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-_uid_blocks = itertools.count()  # each Sandbox of this process gets its own range of snippet uids
+START_ATTEMPTS = 3  # a worker that fails to (re)start is tried this many times before the sandbox gives up
+UID_RANGE = 4096  # snippet uids claimed from sandbox.uid_base upwards
+UID_LOCKS = Path("/run/lock/retool-sandbox-uids")  # one lock file per snippet uid in use on this machine
 _warned_rlimits = False
 
 
@@ -168,6 +176,7 @@ def _bwrap_command(config: SandboxConfig, setup: dict[str, Any]) -> list[str]:
         "sys_path": [f"/opt/site/{i}" for i in range(len(setup["host_site_dirs"]))],
         "scratch_root": "/tmp",
         "clean_dirs": ["/dev/shm"],
+        "shared_dirs": [],  # the jail shares no writable folder with the machine
     }
     # No -E: the environment is ours alone (cleared above), and PYTHONHASHSEED must reach the worker, whose
     # children inherit its hash secret (with -E every worker hashed strings differently).
@@ -184,10 +193,23 @@ class _Worker:
         self.config, self.isolation, self.uid = config, isolation, uid
         self.proc: subprocess.Popen[bytes] | None = None
         self._scratch: str | None = None
+        self._errors: Any = None  # the worker's stderr (a temporary file): what a failed start is explained by
 
     def start(self) -> None:
-        self.launch()
-        self.wait_ready()
+        """(Re)start the worker: a start that fails (the process died or hung) is tried again, START_ATTEMPTS in
+        all, so that one killed start (the OOM killer, a signal) does not stop a run; then the error says why."""
+        failures = []
+        for attempt in range(START_ATTEMPTS):
+            try:
+                self.launch()
+                self.wait_ready()
+                return
+            except SandboxError as error:
+                failures.append(f"attempt {attempt + 1}: {error}")
+                time.sleep(0.2 * (attempt + 1))
+        raise SandboxError(
+            f"a sandbox worker ({self.isolation.value}) failed to start {START_ATTEMPTS} times:\n" + "\n".join(failures)
+        )
 
     def launch(self) -> None:
         cfg = self.config
@@ -214,27 +236,52 @@ class _Worker:
         else:
             self._scratch = tempfile.mkdtemp(prefix="retool-sandbox-")
             os.chmod(self._scratch, 0o711)  # the snippet's uid may enter its own call folder, nothing else
+            shared = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)]
             setup = {**setup, "sys_path": site_dirs, "scratch_root": self._scratch, "clean_dirs": []}
+            setup["shared_dirs"] = shared
             cmd = [os.path.realpath(sys.executable), "-s", "-B", str(WORKER_SCRIPT), json.dumps(setup)]
         env = dict(_SNIPPET_ENV) if self.isolation is Isolation.rlimits else None
+        self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self._errors,
             env=env,
             cwd=self._scratch or "/",
-            start_new_session=True,
+            start_new_session=True,  # no terminal signal reaches it: the host stops it
         )
 
     def wait_ready(self) -> None:
-        ready = self._receive(time.monotonic() + self.config.start_timeout_s)
-        if not ready or not ready.get("ready"):
-            self.stop()
-            raise SandboxError(
-                f"a sandbox worker ({self.isolation.value}) failed to start within "
-                f"{self.config.start_timeout_s:.0f} s; "
-                "its error output is above"
-            )
+        try:
+            ready = self._receive(time.monotonic() + self.config.start_timeout_s)
+        except (OSError, ValueError):
+            ready = None
+        if ready and ready.get("ready"):
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            assert self.proc is not None
+            self.proc.wait(timeout=1.0)  # a worker that died: its exit status
+        why = self.diagnosis()
+        self.stop()
+        raise SandboxError(why)
+
+    def diagnosis(self) -> str:
+        """What became of a worker that did not answer: how it ended (or that it hung) and the end of its stderr."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is None:
+            what = f"not ready within sandbox.start_timeout_s={self.config.start_timeout_s:g} s"
+        elif code < 0:
+            what = f"killed by {signal.Signals(-code).name} while starting"
+        else:
+            what = f"exited with code {code} while starting"
+        tail = ""
+        if self._errors is not None:
+            self._errors.seek(0, os.SEEK_END)
+            self._errors.seek(max(0, self._errors.tell() - 2000))
+            tail = self._errors.read().decode("utf-8", "replace").strip()
+        return f"{what}; its stderr: {tail}" if tail else f"{what}; it printed nothing on stderr"
 
     def call(self, code: str) -> ExecResult:
         """Run one snippet. A dead or hung worker gives an infra_error result and is restarted."""
@@ -260,14 +307,18 @@ class _Worker:
             reply["truncated"],
         )
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            for pid in [
-                self.proc.pid,
-                *_descendants(self.proc.pid),
-            ]:  # bwrap, the jail's init, worker, snippet
+    def kill(self) -> None:
+        """SIGKILL the worker's processes (bwrap, the jail's init, worker, snippet) and nothing else: a call in
+        flight on another thread sees its pipe close and returns; that thread then cleans up (`stop`)."""
+        proc = self.proc
+        if proc is not None:
+            for pid in [proc.pid, *descendants(proc.pid)]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.kill()
             self.proc.wait()
             for pipe in (self.proc.stdin, self.proc.stdout):
                 with contextlib.suppress(OSError):
@@ -276,9 +327,12 @@ class _Worker:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+        if self._errors is not None:
+            self._errors.close()
+            self._errors = None
 
     def _send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode()
+        body = json.dumps(message).encode()  # ASCII: a lone surrogate in the code travels as its \\u escape
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(struct.pack(">I", len(body)) + body)
         self.proc.stdin.flush()
@@ -300,22 +354,6 @@ def _world_readable(path: str) -> bool:
         if path == os.path.dirname(path):
             return True
         path = os.path.dirname(path)
-
-
-def _descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{task}/children") as handle:
-                children = [int(child) for child in handle.read().split()]
-                found += children
-                frontier += children
-    return found
 
 
 def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
@@ -347,7 +385,6 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self.isolation = resolve_isolation(self.config.isolation)
-        block = next(_uid_blocks) * self.config.workers
         root = os.geteuid() == 0
         if root and self.isolation is Isolation.rlimits and not _world_readable(sys.base_prefix):
             log.warning(
@@ -355,18 +392,19 @@ class Sandbox:
                 "sandbox.preload can be imported (use bwrap isolation, or a world-readable Python)",
                 os.path.realpath(sys.base_prefix),
             )
-        self._workers = [
-            _Worker(self.config, self.isolation, self.config.uid_base + block + i if root else None)
-            for i in range(self.config.workers)
-        ]
+        self._uid_locks: list[int] = []  # open lock files: the snippet uids this sandbox holds
+        uids = self._claim_uids(self.config.uid_base, self.config.workers) if root else [None] * self.config.workers
+        self._workers = [_Worker(self.config, self.isolation, uid) for uid in uids]
         for worker in self._workers:  # start them side by side: launch all, then wait for each
             worker.launch()
         try:
             for worker in self._workers:
-                worker.wait_ready()
+                try:
+                    worker.wait_ready()
+                except SandboxError:
+                    worker.start()  # the first start failed: tried again, with the reason if it keeps failing
         except SandboxError:
-            for worker in self._workers:
-                worker.stop()
+            self.close()
             raise
         self._free: queue.Queue[_Worker] = queue.Queue()
         for worker in self._workers:
@@ -374,7 +412,7 @@ class Sandbox:
         self._pool = ThreadPoolExecutor(len(self._workers), thread_name_prefix="sandbox")
         self._lock = threading.Lock()
         fingerprint = sandbox_fingerprint(self.config, self.isolation, WORKER_SCRIPT) if self.config.cache else ""
-        self.cache = ExecCache(fingerprint) if self.config.cache else None
+        self.cache = ExecCache(fingerprint, self.config.cache_max_mib << 20) if self.config.cache else None
         self.reset_stats()
 
     def run(self, code: str) -> ExecResult:
@@ -429,10 +467,44 @@ class Sandbox:
             self._counts["infra"] += result.infra_error
             self._latencies.append(result.duration_s)
 
+    def _claim_uids(self, base: int, count: int) -> list[int]:
+        """`count` snippet uids from `base` up that no other sandbox on this machine holds, each held by an
+        exclusive lock on its own file until close (the kernel drops the lock of a process that died, so a
+        crashed run leaves nothing that blocks a later one)."""
+        UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        uids: list[int] = []
+        for uid in range(base, base + UID_RANGE):
+            fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._uid_locks.append(fd)
+            uids.append(uid)
+            if len(uids) == count:
+                return uids
+        self._release_uids()
+        raise SandboxError(
+            f"no {count} free snippet uids in [{base}, {base + UID_RANGE}): other sandboxes on this machine hold "
+            f"them (lock files in {UID_LOCKS}); lower sandbox.workers or set another sandbox.uid_base"
+        )
+
+    def _release_uids(self) -> None:
+        for fd in self._uid_locks:
+            os.close(fd)
+        self._uid_locks = []
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Stop at once: the workers are killed first (a call in flight returns as an infrastructure error rather
+        than being waited for, so a stopping run does not wait out sandbox.timeout_s), then the threads end."""
+        for worker in self._workers:
+            worker.kill()
+        if hasattr(self, "_pool"):
+            self._pool.shutdown(wait=True, cancel_futures=True)
         for worker in self._workers:
             worker.stop()
+        self._release_uids()
 
     def __enter__(self) -> Sandbox:
         return self

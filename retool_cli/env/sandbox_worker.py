@@ -34,6 +34,23 @@ from typing import Any
 
 EXIT_MEMORY = 250  # child exit code: the snippet hit the memory limit (MemoryError)
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+# Kernel objects that outlive the process that made them and that no namespace of ours scopes to one call: System
+# V shared memory, semaphores and message queues, POSIX message queues, and the kernel keyring (per uid, not
+# namespaced at all; Docker's default seccomp profile refuses it for the same reason). A snippet's call of any
+# of them fails with EPERM. POSIX shared memory and semaphores are files in /dev/shm, emptied after each call.
+_REFUSED_SYSCALLS = {
+    # arch (AUDIT_ARCH_*): syscall numbers of shmget shmat shmctl shmdt semget semop semctl semtimedop msgget
+    # msgsnd msgrcv msgctl mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr add_key
+    # request_key keyctl
+    "x86_64": (0xC000003E, [29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71,
+                            240, 241, 242, 243, 244, 245, 248, 249, 250]),
+    "aarch64": (0xC00000B7, [194, 196, 195, 197, 190, 193, 191, 192, 186, 189, 188, 187,
+                             180, 181, 182, 183, 184, 185, 217, 218, 219]),
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------ protocol
@@ -126,6 +143,7 @@ def child_main(setup: dict[str, Any], code_r: int, out_w: int, err_w: int, scrat
         _set_limit(resource.RLIMIT_FSIZE, limits["max_file_bytes"])
         _set_limit(resource.RLIMIT_NOFILE, limits["max_open_files"])
         _set_limit(resource.RLIMIT_CORE, 0)
+        _refuse_lasting_kernel_objects()
         uid = setup["uid"]
         if uid is not None:
             _set_limit(resource.RLIMIT_NPROC, limits["max_processes"])
@@ -145,7 +163,7 @@ def child_main(setup: dict[str, Any], code_r: int, out_w: int, err_w: int, scrat
         sys.stdout = _text_stream(1)
         sys.stderr = _text_stream(2)
         with os.fdopen(code_r, "rb") as pipe:  # blocks until the worker hands over a snippet
-            source = pipe.read().decode("utf-8", "replace")
+            source = pipe.read().decode("utf-8", "surrogatepass")  # as the worker encoded it: lone surrogates kept
         code = run_snippet(source)
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
@@ -157,6 +175,46 @@ def child_main(setup: dict[str, Any], code_r: int, out_w: int, err_w: int, scrat
             os.write(2, traceback.format_exc().encode())
         code = 1
     os._exit(code)  # threads the snippet started die here, atexit handlers do not run
+
+
+def _refuse_lasting_kernel_objects() -> None:
+    """Install the seccomp filter of _REFUSED_SYSCALLS in this process (inherited by all it starts): those calls
+    fail with EPERM; a call of another architecture's ABI (i386 or x32 numbers on x86_64) fails too, so the
+    filter cannot be walked around. A machine of another architecture runs without it (the README says so)."""
+    import platform
+
+    arch = _REFUSED_SYSCALLS.get(platform.machine())
+    if arch is None:
+        return
+    audit_arch, numbers = arch
+    # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    n = len(numbers)
+    program = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, refuse),  # another ABI's calls
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jge, n + 1, 0, 0x40000000),  # x32 numbers (__X32_SYSCALL_BIT): refused
+        *[(jeq, n - i, 0, number) for i, number in enumerate(numbers)],
+        (ret, 0, 0, allow),
+        (ret, 0, 0, refuse),
+    ]
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Instruction))]
+
+    instructions = (Instruction * len(program))(*[Instruction(*i) for i in program])
+    libc = ctypes.CDLL(None, use_errno=True)
+    # no_new_privs: what lets an unprivileged process install a filter (and keeps setuid programs from undoing it)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), instructions)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -336,6 +394,23 @@ def clean_scratch(roots: list[str]) -> None:
                     os.unlink(path)
 
 
+def clean_owned(roots: list[str], uid: int | None) -> None:
+    """rlimits isolation: the machine's shared folders (/tmp, /dev/shm: POSIX shared memory and semaphores) are
+    the snippet's too; remove what its uid made there, so that no call finds what an earlier one left."""
+    if uid is None:
+        return
+    for root in roots:
+        with contextlib.suppress(OSError), os.scandir(root) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, onerror=_force_remove)
+                    else:
+                        os.unlink(entry.path)
+
+
 def _force_remove(func: Callable[[str], object], path: str, _exc: object) -> None:
     with contextlib.suppress(OSError):
         os.chmod(os.path.dirname(path), 0o700)
@@ -360,6 +435,7 @@ def main() -> None:
     os.dup2(2, 1)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     os.makedirs(setup["scratch_root"], exist_ok=True)
+    clean_owned(setup["shared_dirs"], setup["uid"])  # what a crashed earlier holder of this uid left
     gc.collect()
     gc.freeze()  # keep the warm heap shared copy-on-write between the forked children
     pending = Pending(setup)
@@ -375,6 +451,7 @@ def main() -> None:
         finally:
             kill_descendants()
             clean_scratch([setup["scratch_root"], *setup["clean_dirs"]])
+            clean_owned(setup["shared_dirs"], setup["uid"])
         write_message(proto_out, result)
         pending = Pending(setup)  # after the reply: the fork is off the caller's path
 

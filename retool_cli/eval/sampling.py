@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from retool_cli import stops
 from retool_cli.config import RetoolConfig, RewardConfig, RewardFunction, RolloutConfig, SplitPart
 from retool_cli.data.dataset import MathExample, prepare_dataset
 from retool_cli.env.reward import score_batch
@@ -144,7 +145,8 @@ def sample_problems(
         scores = score_batch([t.response() for t in trajectories], judge, verifier)
         rows = [sample_row(t, s, seed, tools) for t, s in zip(trajectories, scores, strict=True)]
         # a chunk torn in mid-append is redone whole (the same seed: the same samples); write only what is missing
-        append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
+        with stops.critical():  # a stop signal waits for the append (a stop anywhere else abandons the chunk)
+            append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
         _advance(progress, len(chunk))

@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from retool_cli import stops
 from retool_cli.errors import ConfigError
-from retool_cli.files import append_jsonl, read_jsonl_log, write_jsonl
+from retool_cli.files import append_jsonl, read_jsonl_log, umask, write_jsonl
 from retool_cli.model.loading import is_lora, merged_state_dict
 from retool_cli.rl.distributed import load_optimizer_state
 
@@ -42,28 +44,30 @@ def save_checkpoint(
     """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
     in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
     data cursor). `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
-    temporary folder, then renamed."""
-    root = run_dir / "checkpoints"
-    final, staging = root / f"step_{step}", root / f".step_{step}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    model_state, optimizer_state = full
-    if is_lora(model):  # merged weights for from_pretrained / vLLM / eval, the adapter itself for resume
-        model.get_base_model().save_pretrained(staging, state_dict=merged_state_dict(model))
-        model.save_pretrained(staging / "adapter")
-    else:
-        model.save_pretrained(staging, state_dict=model_state)
-    tokenizer.save_pretrained(staging)
-    optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
-    torch.save(
-        {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, **state},
-        staging / "trainer_state.pt",
-    )
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
-    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    temporary folder of this writer's own (pid and a random part), then renamed; a stop signal waits for it."""
+    with stops.critical():
+        root = run_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step_*.tmp"):  # a killed writer's (the run folder has one writer: run_lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        final = root / f"step_{step}"
+        staging = Path(tempfile.mkdtemp(prefix=f".step_{step}.{os.getpid()}.", suffix=".tmp", dir=root))
+        os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes 0700: the checkpoint gets the usual permissions
+        model_state, optimizer_state = full
+        if is_lora(model):  # merged weights for from_pretrained / vLLM / eval, the adapter itself for resume
+            model.get_base_model().save_pretrained(staging, state_dict=merged_state_dict(model))
+            model.save_pretrained(staging / "adapter")
+        else:
+            model.save_pretrained(staging, state_dict=model_state)
+        tokenizer.save_pretrained(staging)
+        optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+        trainer_state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state()}
+        torch.save({**trainer_state, "step": step, **state}, staging / "trainer_state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -130,9 +134,10 @@ class MetricsLog:
 
     def write(self, row: dict[str, Any], rollouts: list[dict[str, Any]] | None = None) -> None:
         """A step's metrics, and the trajectories kept of it (each tagged with the step) in rollouts.jsonl."""
-        if rollouts:
-            append_jsonl(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
-        append_jsonl(self.path, [row])
+        with stops.critical():  # both logs or neither, as far as a stop signal goes
+            if rollouts:
+                append_jsonl(self.rollouts_path, [{"step": row["step"], **r} for r in rollouts])
+            append_jsonl(self.path, [row])
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tensorboard is not None:
             for key, value in scalars.items():

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from retool_cli import stops
 from retool_cli.errors import ConfigError, RetoolError
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ def init_distributed(timeout_s: float = 3600.0) -> tuple[int, int]:
     a hang."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or world()[1] > 1:
         return world()
+    stops.die_with_parent()  # torchrun killed: this rank stops rather than train on as an orphan
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -61,6 +63,9 @@ def peers_alive() -> Iterator[None]:
         )
         if world()[1] == 1 or not lost:
             raise
+        signum = stops.requested()
+        if signum is not None:  # the peer stopped for the same signal: a stop, not a failure
+            raise stops.Stopped(signum) from None
         raise RetoolError(
             f"rank {world()[0]}: another process of this run died or stopped answering "
             f"({text.splitlines()[0][:200]}), so this one stops too. Its checkpoints are kept: run the same "
@@ -122,6 +127,15 @@ def all_reduce_sum(value: float) -> float:
     tensor = torch.tensor([float(value)], dtype=torch.float64)
     torch.distributed.all_reduce(tensor)
     return float(tensor.item())
+
+
+def agreed_stop() -> int | None:
+    """The stop signal any process of the run received (a collective: every process asks at the same step), so
+    that all of them stop at the same step boundary; None when none did."""
+    signum = stops.requested() or 0
+    if world()[1] > 1:
+        signum = int(all_reduce_max(float(signum)))
+    return signum or None
 
 
 def all_reduce_max(value: float) -> float:

@@ -10,18 +10,28 @@ torchrun's static rendezvous (a c10d TCP store on the master) gives every proces
 index say, so a run on N nodes of n processes is the run of one node with N * n processes, rank for rank
 (the data shares and sampling seeds follow the rank). Under Slurm (`srun retool train ...` with one task per
 node, or Hydra's submitit launcher) the values not typed on the command line come from the allocation.
+
+What listens: on one node, the store and the gloo/NCCL connections on 127.0.0.1 only; on several, the store on
+trainer.master_addr's address (node 0) and the backends' connections on each node's address (rl/torchrun.py).
+A stop signal to the launcher goes to every rank (each stops at the end of its step; stops.py), and the launcher
+kills what is left when they overrun the stop's time; torchrun and the ranks die with their parents.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from retool_cli import run_lock, stops
 from retool_cli.config import RetoolConfig, RolloutEngine, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
 
@@ -95,22 +105,22 @@ def resolve_rendezvous(trainer: TrainerConfig, env: Mapping[str, str], typed: se
 
 def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list[str], run_dir: Path) -> None:
     """Run this same `retool train` job as trainer.nproc torchrun processes on this node, joined with the other
-    nodes' (this job's overrides only, so a sweep job does not sweep again; the layout as resolved)."""
+    nodes' (this job's overrides only, so a sweep job does not sweep again; the layout as resolved). A stop
+    signal is passed to the ranks; their stop (rank 0 names its signal in a report file) is this command's."""
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", *(f"trainer.{k}=" for k in LAUNCH_KEYS)))]
-    if layout.nnodes == 1:
-        where = ["--standalone"]
-    else:
-        where = [
-            f"--nnodes={layout.nnodes}",
-            f"--node_rank={layout.node_rank}",
-            f"--master_addr={layout.master_addr}",
-            f"--master_port={layout.master_port}",
-            f"--rdzv_conf=timeout={int(trainer.collective_timeout_s)}",  # waiting for the other nodes to join
-        ]
+    one_node = layout.nnodes == 1
+    where = [f"--nnodes={layout.nnodes}", f"--node_rank={layout.node_rank}", "--rdzv_backend=static"]
+    if not one_node:
+        where.append(f"--rdzv_conf=timeout={int(trainer.collective_timeout_s)}")  # waiting for the other nodes
+    addr, port = ("127.0.0.1", 0) if one_node else (layout.master_addr, layout.master_port)
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "retool_cli.rl.torchrun",
+        addr,
+        str(port),
+        "1" if layout.node_rank == 0 else "0",
+        "--",
         *where,
         f"--nproc_per_node={trainer.nproc}",
         "-m",
@@ -123,8 +133,40 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
     log.info(
         "launching %d processes on node %d of %d: %s", trainer.nproc, layout.node_rank, layout.nnodes, " ".join(command)
     )
-    if subprocess.run(command).returncode != 0:
+    if layout.node_rank == 0:
+        run_lock.claim(run_dir, "train")  # held for the ranks (rank 0 writes there as ours)
+    with tempfile.TemporaryDirectory(prefix="retool-launch-") as scratch:
+        report = Path(scratch) / "stopped"
+        env = {**os.environ, run_lock.LAUNCHER_ENV: str(os.getpid()), stops.REPORT_ENV: str(report)}
+        if one_node:  # the backends' connections on loopback too (gloo on CPU, NCCL's bootstrap on GPUs)
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        stops.set_grace(trainer.stop_timeout_s + 5)  # the ranks' own deadline first, then the launcher's
+        returncode = supervise(command, env)
+        stopped_by = report.read_text().strip() if report.exists() else ""
+    if stopped_by or stops.requested():
+        raise stops.Stopped(stops.requested() or signal.Signals[stopped_by])
+    if returncode != 0:
         raise RetoolError(f"a training process failed; see {run_dir / 'train.log'} (and the other nodes' logs)")
+
+
+def supervise(command: list[str], env: dict[str, str]) -> int:
+    """Run torchrun (in a session of its own: a terminal's Ctrl-C reaches the launcher alone) until it exits; a stop
+    signal received meanwhile is sent once to each of its ranks, so each stops as when signalled itself (torchrun
+    would signal each rank's whole process group, judge workers included). Its exit status."""
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    forwarded = False
+    with stops.deferred():  # the launcher's stop is the ranks' stop: it waits for them (bounded by stops' deadline)
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(timeout=0.2)
+            signum = stops.requested()
+            if signum is not None and not forwarded:
+                ranks = stops.children(proc.pid)
+                for pid in ranks or [proc.pid]:  # before the ranks exist: torchrun itself
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signum)
+                forwarded = True
 
 
 def check_engine_span(config: RetoolConfig, size: int) -> None:

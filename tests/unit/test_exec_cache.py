@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from retool_cli.config import Isolation, SandboxConfig
-from retool_cli.env.exec_cache import ExecCache, sandbox_fingerprint
+from retool_cli.env.exec_cache import ExecCache, result_bytes, sandbox_fingerprint
 from retool_cli.env.sandbox import WORKER_SCRIPT, Sandbox
 from retool_cli.interfaces import ExecResult
 
@@ -80,9 +80,52 @@ def test_a_sandbox_failure_is_never_reused_and_the_cache_is_bounded() -> None:
         broken = len(runs) == 1  # the first run: the worker died
         return ExecResult("" if broken else "ok\n", "", "killed" if broken else "ok", 0.01, infra_error=broken)
 
-    cache = ExecCache("fingerprint", max_entries=2)
+    two = 2 * result_bytes(ExecResult("ok\n", "", "ok", 0.01)) + 10  # room for two results
+    cache = ExecCache("fingerprint", max_bytes=two)
     assert cache.run("a", execute).infra_error and not cache.run("a", execute).infra_error
     assert cache.run("a", execute).cached and runs == ["a", "a"]
     cache.run("b", execute)
     cache.run("c", execute)  # "a" is the least recently used of three: dropped
     assert not cache.run("a", execute).cached and runs == ["a", "a", "b", "c", "a"]
+
+
+def test_the_cache_is_bounded_in_bytes_not_entries() -> None:
+    """Outputs of up to max_output_bytes each: the cache keeps what fits in its budget (the most recently used),
+    counting non-ASCII text at what Python stores it in, and stores nothing larger than the whole budget."""
+    budget = 1 << 20
+    cache = ExecCache("fingerprint", max_bytes=budget)
+    for i in range(200):  # 200 x 60 KiB (x 4 bytes a character: the text is not ASCII) would be ~48 MiB
+        cache.run(f"print({i})", lambda code: ExecResult("\U0001f600" * 60_000, "", "ok", 0.01))
+    assert cache.bytes <= budget and 0 < len(cache._done) <= budget // (4 * 60_000)
+    assert cache.bytes == sum(result_bytes(r) for r in cache._done.values())
+    assert cache.run("print(199)", lambda code: ExecResult("fresh", "", "ok", 0.0)).cached  # the newest kept
+    assert not cache.run("print(0)", lambda code: ExecResult("fresh", "", "ok", 0.0)).cached  # the oldest dropped
+    small = ExecCache("fingerprint", max_bytes=1000)
+    small.run("big", lambda code: ExecResult("x" * 5000, "", "ok", 0.0))
+    assert small.bytes == 0 and not small.run("big", lambda code: ExecResult("x", "", "ok", 0.0)).cached
+
+
+def test_code_no_encoding_can_hold_never_raises_in_the_host() -> None:
+    """Lone surrogates (a str that UTF-8 cannot encode), NUL bytes, invalid escapes, huge and empty code: each
+    call returns a result, from a cold run and from the cache alike; nothing raises here."""
+    hostile = [
+        "x = '\udc80'\nprint(len(x))",
+        "# \ud800 in a comment\nprint(1)",
+        "\udcff",
+        "print('a\x00b')",
+        "\x00",
+        "",
+        "print('\\N{NOT A NAME}')",
+        "'\udc80' + 1",
+        "x = 1\n" * 20_000 + "print(x)",
+        "x = 1" * 20_000,  # one long bad line: its syntax error's echo is over the output cap
+    ]
+    with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=2, timeout_s=5)) as box:
+        first = box.run_many(hostile)
+        again = box.run_many(hostile)  # from the cache
+    assert not any(r.infra_error for r in first), first
+    assert [r.status for r in first] == ["error"] * 5 + ["ok", "error", "error", "ok", "killed"]
+    assert "UnicodeEncodeError" in first[0].stderr and "null bytes" in first[3].stderr  # what python3 says
+    assert first[8].stdout == "1\n"
+    assert [(r.stdout, r.stderr) for r in again] == [(r.stdout, r.stderr) for r in first]
+    assert all(r.cached for r in again)

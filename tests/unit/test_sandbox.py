@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -16,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from retool_cli.config import Isolation, SandboxConfig
-from retool_cli.env.sandbox import Sandbox, SandboxError, _descendants, bwrap_usable
+from retool_cli.env.sandbox import Sandbox, SandboxError, bwrap_usable
+from retool_cli.stops import descendants
 
 BWRAP_OK, BWRAP_WHY = bwrap_usable()
 MODES = [
@@ -340,7 +343,7 @@ def test_dead_worker_is_replaced() -> None:
         worker = box._workers[0]
         # the worker dies in the middle of a call (as under the OOM killer)
         threading.Timer(
-            0.5, lambda: [os.kill(pid, 9) for pid in [worker.proc.pid, *_descendants(worker.proc.pid)]]
+            0.5, lambda: [os.kill(pid, 9) for pid in [worker.proc.pid, *descendants(worker.proc.pid)]]
         ).start()
         broken = box.run("import time\ntime.sleep(2)")
         assert broken.infra_error and broken.status == "killed"
@@ -387,3 +390,141 @@ def test_nothing_left_after_close() -> None:
     if ROOT:
         time.sleep(0.2)
         assert snippet_processes(box) == []
+
+
+# ------------------------------------------------------------------ state that outlives a call
+
+# Looks for what an earlier call may have left, then leaves the same: System V shared memory, semaphores and
+# message queues, a POSIX message queue, a key in the uid's keyring, files in /tmp, /dev/shm and /var/tmp.
+# A second run of the same program must print what the first printed: nothing seen, nothing kernel-side made.
+LEFTOVERS = r"""
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {'x86_64': (248, 250), 'aarch64': (217, 219)}[platform.machine()]
+KEY, CREATE = 0x52455430, 0o1666
+seen, made = [], []
+for name, get in [('shm', lambda flags: libc.shmget(KEY, 1 << 20, flags)),
+                  ('sem', lambda flags: libc.semget(KEY, 1, flags)),
+                  ('msg', lambda flags: libc.msgget(KEY, flags))]:
+    if get(0o666) >= 0: seen.append(name)
+    if get(CREATE) >= 0: made.append(name)
+libc.mq_open.restype = ctypes.c_int
+if libc.mq_open(b'/retool-probe', os.O_RDWR) >= 0: seen.append('mqueue')
+if libc.mq_open(b'/retool-probe', os.O_RDWR | os.O_CREAT, 0o666, None) >= 0: made.append('mqueue')
+KEYCTL_SEARCH, USER_KEYRING = 10, -4
+if libc.syscall(KEYCTL, KEYCTL_SEARCH, USER_KEYRING, b'user', b'retool-probe', 0) >= 0: seen.append('key')
+if libc.syscall(ADD_KEY, b'user', b'retool-probe', b'secret', 6, USER_KEYRING) >= 0: made.append('key')
+for folder in ('/tmp', '/dev/shm', '/var/tmp'):
+    path = os.path.join(folder, 'retool-probe')
+    if os.path.exists(path): seen.append(path)
+    try:
+        open(path, 'w').write('x')
+    except OSError:
+        pass
+print('seen', seen, 'made', made)
+"""
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_nothing_a_call_makes_reaches_a_later_call(isolation: Isolation) -> None:
+    """IPC objects and keys are refused (EPERM: no namespace scopes them to the call), files are removed after
+    the call: the same program run twice, by the same worker and by a new sandbox, prints the same."""
+    if not ROOT and isolation is Isolation.rlimits:
+        pytest.skip("rlimits mode as a normal user runs snippets as the host's own uid, sharing its files")
+    with Sandbox(config(isolation, workers=1)) as box:
+        first, second = box.run(LEFTOVERS), box.run(LEFTOVERS)
+    with Sandbox(config(isolation, workers=1)) as other:  # another run, after this one closed
+        third = other.run(LEFTOVERS)
+    assert first.status == "ok", first
+    assert first.stdout == "seen [] made []\n"
+    assert second.stdout == third.stdout == first.stdout
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_shared_memory_cannot_pass_the_memory_limit(isolation: Isolation) -> None:
+    """256 MB memory limit: attaching and touching System V segments one after another (each detached, so the
+    address-space limit never sees them all) would pin 512 MB; refused at the first segment."""
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+        "held = 0\nfor i in range(8):\n"
+        "    sid = libc.shmget(0, 64 << 20, 0o1600)\n"
+        "    if sid < 0:\n        break\n"
+        "    address = libc.shmat(sid, None, 0)\n    ctypes.memset(address, 1, 64 << 20)\n"
+        "    libc.shmdt(ctypes.c_void_p(address))\n    held += 64\n"
+        "print(held, ctypes.get_errno())"
+    )
+    with Sandbox(config(isolation, workers=1)) as box:
+        result = box.run(code)
+    assert result.status == "ok", result
+    assert result.stdout == "0 1\n"  # EPERM
+
+
+@pytest.mark.skipif(not ROOT, reason="snippets run as their own uids only when the host runs as root")
+def test_each_sandbox_on_the_machine_has_its_own_uids(tmp_path: Path) -> None:
+    """Another run (another process, the same sandbox.uid_base) holds its snippets' whole process quota
+    (sandbox.max_processes sleeping processes) while this run's snippet starts threads: they run, since the two
+    sandboxes' uids differ. A run killed with SIGKILL leaves no claim behind."""
+    script = tmp_path / "other_run.py"
+    hold_quota = (
+        "import os, time\nfor _ in range(20):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+        "            os._exit(0)\n    except OSError:\n        break\ntime.sleep(30)"
+    )
+    script.write_text(
+        "import sys\nfrom retool_cli.config import SandboxConfig, Isolation\n"
+        "from retool_cli.env.sandbox import Sandbox\n"
+        "box = Sandbox(SandboxConfig(isolation=Isolation(sys.argv[1]), workers=2, uid_base=62000, max_processes=8,"
+        " cache=False))\n"
+        "print(*[w.uid for w in box._workers], flush=True)\n"
+        f"box.run({hold_quota!r})\n"
+    )
+    isolation = Isolation.bwrap if BWRAP_OK else Isolation.rlimits
+    other = subprocess.Popen([sys.executable, str(script), isolation.value], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None
+        held = {int(uid) for uid in other.stdout.readline().split()}
+        time.sleep(1.0)  # its snippet forks up to its quota
+        with Sandbox(config(isolation, workers=2, max_processes=8)) as box:
+            mine = {w.uid for w in box._workers}
+            code = "import threading\nts = [threading.Thread(target=int) for _ in range(4)]\n"
+            code += "[t.start() for t in ts]\nprint('ok')"
+            result = box.run(code)
+        assert held and mine and not held & mine, (held, mine)
+        assert result.stdout == "ok\n", result
+    finally:
+        other.kill()
+        other.wait()
+    with Sandbox(config(isolation, workers=2)) as again:  # the killed run's uids are free again
+        assert {w.uid for w in again._workers} == held
+
+
+def test_a_worker_killed_while_it_restarts_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker died, and its replacement is killed while it starts (as the OOM killer would): the restart is
+    tried again and the call runs."""
+    from retool_cli.env import sandbox as sandbox_module
+
+    with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
+        worker = box._workers[0]
+        worker.kill()
+        worker.proc.wait()
+        launch, launches = sandbox_module._Worker.launch, []
+
+        def launch_then_die(self) -> None:
+            launch(self)
+            launches.append(self.proc.pid)
+            if len(launches) == 1:
+                os.kill(self.proc.pid, 9)
+
+        monkeypatch.setattr(sandbox_module._Worker, "launch", launch_then_die)
+        assert box.run("print(2)").stdout == "2\n"
+        assert len(launches) == 2
+
+
+def test_a_worker_that_cannot_start_says_why() -> None:
+    """A worker that fails every start: the error names how it ended and what it printed, for each attempt."""
+    isolation = Isolation.bwrap if BWRAP_OK else Isolation.rlimits
+    broken = config(isolation, workers=1, warmup="raise RuntimeError('warm-up broke')")
+    with pytest.raises(SandboxError) as error:
+        Sandbox(broken)
+    message = str(error.value)
+    assert "failed to start 3 times" in message and "exited with code 1" in message
+    assert message.count("RuntimeError: warm-up broke") == 3
