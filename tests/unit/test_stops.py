@@ -40,9 +40,15 @@ def finish(proc: subprocess.Popen, signum: int, timeout: float = 20) -> tuple[in
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_a_stop_signal_is_raised_where_the_command_is(signum: int) -> None:
-    proc = start(
-        "try:\n    print('ready', flush=True)\n    while True:\n        time.sleep(0.01)\nexcept stops.Stopped as s:\n    report(s)\n"
-    )
+    body = """
+    try:
+        print('ready', flush=True)
+        while True:
+            time.sleep(0.01)
+    except stops.Stopped as s:
+        report(s)
+    """
+    proc = start(body)
     code, out = finish(proc, signum)
     assert (code, out) == (128 + signum, f"stopped {signal.Signals(signum).name}\n")
 
