@@ -115,6 +115,7 @@ COMMANDS = {
             "trainer.lr",
             "trainer.advantage",
             "trainer.resume",
+            "trainer.save_on_signal",
             "trainer.nproc",
             *_SAMPLING,
         ),

@@ -3,9 +3,10 @@
     with time_limit(cfg.engine_timeout_s, "vLLM weight sync", "rollout.engine_timeout_s"):
         engine.update_weights(model)
 
-One daemon thread watches whichever limit is armed. When one expires it sends SIGINT to the main thread (a
-real signal: a blocking system call returns, and Python raises KeyboardInterrupt at the next instruction),
-which `time_limit` turns into an EngineTimeout naming the call and the key. A call stuck inside C code never
+One daemon thread watches whichever limit is armed. When one expires it sends SIGUSR2 to the main thread (a
+real signal: a blocking system call returns, and its handler raises at the next Python instruction; not
+SIGINT, which is a person's Ctrl-C and stops the run: stops.py), which `time_limit` turns into an
+EngineTimeout naming the call and the key. A call stuck inside C code never
 reaches a Python instruction: after `grace_s` more the watchdog prints the message and every thread's stack to
 stderr and ends the process (exit code 3). A run then resumes from its last checkpoint. Arming and disarming
 cost a lock each, so the async loop guards every engine step.
@@ -25,6 +26,15 @@ from collections.abc import Iterator
 from retool_cli.errors import EngineTimeout
 
 EXIT_STUCK = 3  # the process's exit code when a call stuck in C code is ended by the watchdog
+INTERRUPT = signal.SIGUSR2
+
+
+class _Expired(BaseException):
+    """Raised in the main thread by the watchdog's signal (a BaseException: no `except Exception` takes it)."""
+
+
+def _raise_expired(signum: int, frame: object) -> None:
+    raise _Expired
 
 
 class _Watchdog:
@@ -76,7 +86,7 @@ class _Watchdog:
         """Interrupt the main thread; end the process if it has not disarmed `grace_s` later (held: self.cond)."""
         main = threading.main_thread().ident
         if main is not None:
-            signal.pthread_kill(main, signal.SIGINT)
+            signal.pthread_kill(main, INTERRUPT)
         self.cond.wait_for(lambda: self.generation != generation or self.deadline is None, self.grace_s)
         if self.generation == generation and self.deadline is not None:
             sys.stderr.write(f"retool: {self.message} (stuck in native code: ending the process)\n")
@@ -99,12 +109,13 @@ def time_limit(seconds: float, what: str, key: str, grace_s: float = 30.0) -> It
         f"{what} did not return within {key}={seconds:g} s: the engine is stuck or far slower than expected. "
         f"Stopping; rerun the same command to resume from the last checkpoint (or raise {key})"
     )
+    if signal.getsignal(INTERRUPT) is not _raise_expired:
+        signal.signal(INTERRUPT, _raise_expired)
     _watchdog.arm(seconds, message, grace_s)
     try:
         yield
-    except KeyboardInterrupt:
-        if _watchdog.disarm():
-            raise EngineTimeout(message) from None
-        raise
+    except _Expired:
+        _watchdog.disarm()
+        raise EngineTimeout(message) from None
     finally:
         _watchdog.disarm()

@@ -242,14 +242,14 @@ def test_an_engine_call_past_its_time_limit_is_a_clear_error(tokenizer) -> None:
 
 
 def test_a_call_stuck_in_native_code_ends_the_process_with_the_reason(tmp_path) -> None:
-    """Where the interrupt cannot land (here: SIGINT ignored, as native code that never returns to Python
+    """Where the interrupt cannot land (here: its signal ignored, as native code that never returns to Python
     behaves), the watchdog ends the process after the grace period, saying why and where it was stuck."""
     script = textwrap.dedent(
         """
         import signal, time
-        from retool_cli.rollout.watchdog import time_limit
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from retool_cli.rollout.watchdog import INTERRUPT, time_limit
         with time_limit(0.3, "the weight sync into the engine", "rollout.engine_timeout_s", grace_s=0.3):
+            signal.signal(INTERRUPT, signal.SIG_IGN)
             time.sleep(30)
         """
     )
