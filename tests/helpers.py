@@ -19,6 +19,15 @@ SMALL_TRAIN = [
 ]
 
 
+# Metrics that measure the machine's speed, not the run: left out where runs are compared.
+TIMING = ("time/", "rollout/generate_s", "rollout/wait_tools_s", "rollout/gen_tokens_per_s", "rollout/reward_s")
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Metrics rows without their timings."""
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
 def run_retool(
     *args: str, cwd: Path, check: bool = False, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

@@ -122,13 +122,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
     metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source})
-    start, cursor = 0, 0
-    if checkpoint is not None:
-        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
-        start, cursor = state["step"], state["cursor"]
-        log.info("resumed from %s (step %d)", checkpoint, start)
-    if rank == 0:
-        metrics.truncate_after(start)  # what a stopped run logged after its last checkpoint (all of it, without one)
+    start, cursor = resume(checkpoint, model, optimizer, scheduler, metrics if rank == 0 else None)
     log.info("train: %d questions, %d steps, from %s -> %s", len(examples), t.total_steps, source, out_dir)
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
@@ -190,6 +184,21 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
+
+
+def resume(
+    checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog | None
+) -> tuple[int, int]:
+    """(step, data cursor) to continue from: the checkpoint's, with its optimizer, schedule and RNG restored, or
+    (0, 0). The metrics log (rank 0's) loses what a stopped run logged after it (all of it, without one)."""
+    start, cursor = 0, 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
+        start, cursor = state["step"], state["cursor"]
+        log.info("resumed from %s (step %d)", checkpoint, start)
+    if metrics is not None:
+        metrics.truncate_after(start)
+    return start, cursor
 
 
 class Checkpointing:

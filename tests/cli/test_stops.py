@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from retool_cli.stops import descendants
+from tests.helpers import comparable as timeless
 from tests.helpers import read_jsonl, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
@@ -31,18 +32,11 @@ TRAIN = [
     "rollout.max_response_tokens=40",
 ]
 SFT = ["sft", *TINY, "sft.steps=60", "sft.batch_size=8", "sft.log_every=5", "sft.save_every=20", "sft.warmup_steps=5"]
-TIMING = (
-    "time/",
-    "rollout/generate_s",
-    "rollout/wait_tools_s",
-    "rollout/gen_tokens_per_s",
-    "rollout/reward_s",
-    "seconds",
-)
 
 
 def comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+    """Metrics without timings (SFT's elapsed `seconds` too)."""
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in timeless(rows)]
 
 
 def rows_of(run: Path, name: str = "metrics.jsonl") -> list[dict]:

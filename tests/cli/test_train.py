@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import die_after, read_jsonl, run_retool
+from tests.helpers import comparable, die_after, read_jsonl, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
@@ -25,13 +25,6 @@ TRAIN = [
     "rollout.max_response_tokens=64",
     "rollout.max_tokens_per_turn=48",
 ]
-TIMING = (
-    "time/",
-    "rollout/generate_s",
-    "rollout/wait_tools_s",
-    "rollout/gen_tokens_per_s",
-    "rollout/reward_s",
-)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +32,6 @@ def sft_run(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("sft")
     run_retool("sft", *SFT, "hydra.run.dir=run", cwd=work, check=True)
     return work / "run"
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
 
 
 def metrics_of(folder: Path) -> list[dict]:
