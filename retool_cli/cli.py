@@ -78,7 +78,8 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             stops.set_grace(config.trainer.stop_timeout_s)
             stops.set_resume_hint(resume_command(command, overrides, run_dir, cfg))
             with run_lock.holding():  # the run folders this command claims, released at its end
-                run_lock.check(run_dir)  # before anything is written there: one writer per folder
+                if not joins_a_run(command, overrides):
+                    run_lock.check(run_dir)  # before anything is written there: one writer per folder
                 if command != "train":  # train claims where it knows which process writes (rl/launch.py)
                     run_lock.claim(run_dir, command)
                 record = provenance(config, [command, *args])
@@ -99,10 +100,19 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
         return
     _quiet_libraries()
     argv = hydra_argv(args)
-    if not {"-m", "--multirun"} & set(argv):
+    if not {"-m", "--multirun"} & set(argv) and not joins_a_run(command, argv):
         run_lock.refuse_if_busy(argv)
     sys.argv = [f"retool {command}", *argv]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+def joins_a_run(command: str, overrides: list[str]) -> bool:
+    """A `retool train` of a node after the first: it shares node 0's run folder (and node 0 holds it)."""
+    import os
+
+    from retool_cli.rl.launch import later_node
+
+    return command == "train" and later_node(overrides, os.environ)
 
 
 # The key that turns resuming on, per command that resumes, and its value then.

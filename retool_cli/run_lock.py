@@ -61,7 +61,10 @@ def holder(folder: Path) -> str | None:
 
 
 def check(folder: Path) -> None:
-    """Refuse `folder` if another live run holds it (this command itself and its launcher are not others)."""
+    """Refuse `folder` if another live run holds it (this command itself and its launcher are not others). A
+    process of a multi-process run other than rank 0 writes nothing there, and checks nothing."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     folder = folder.resolve()
     if _held is not None and folder in _held:
         return

@@ -81,6 +81,15 @@ def slurm_values(env: Mapping[str, str]) -> dict[str, int | str]:
     return values
 
 
+def later_node(overrides: list[str], env: Mapping[str, str]) -> bool:
+    """Whether this `retool train` command starts a node after the first (trainer.node_rank > 0, as typed, else as
+    a Slurm allocation gives it): node 0 writes and holds the shared run folder, and this one only joins."""
+    typed = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "trainer.node_rank"]
+    if typed:
+        return typed[-1].strip().isdigit() and int(typed[-1]) > 0
+    return int(slurm_values(env).get("node_rank", 0)) > 0
+
+
 def typed_trainer_keys(overrides: list[str]) -> set[str]:
     """The trainer keys a command line sets ("trainer.master_port=31000" -> "master_port")."""
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}

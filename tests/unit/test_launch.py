@@ -3,10 +3,12 @@ of a 2-node job), and the torchrun command each node runs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from retool_cli import run_lock, stops
 from retool_cli.config import TrainerConfig
 from retool_cli.errors import ConfigError
 from retool_cli.rl import launch
@@ -79,23 +81,57 @@ def test_a_node_rank_outside_the_nodes_is_an_error_naming_the_key() -> None:
 
 
 def test_each_node_runs_torchrun_with_its_rank_and_the_master(monkeypatch, tmp_path: Path) -> None:
-    commands: list[list[str]] = []
-
-    class Done:
-        returncode = 0
-
-    monkeypatch.setattr(launch.subprocess, "run", lambda command: commands.append(command) or Done())
+    """torchrun through rl/torchrun.py: node 0 hosts the store on the master's address, later nodes host nothing;
+    one node binds it to 127.0.0.1 (a free port) and keeps gloo and NCCL on loopback; every node's ranks learn
+    the launcher (its folder lock, its stop report)."""
+    launched: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(launch, "supervise", lambda command, env: launched.append((command, env)) or 0)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     trainer = TrainerConfig(nproc=4, nnodes=2)
     layout = Rendezvous(2, 1, "gpu-st-p4d-017", 27733)
     overrides = ["recipe=dapo_smoke", "trainer.nproc=4", "trainer.node_rank=0", "hydra.run.dir=elsewhere"]
     launch.launch_processes(trainer, layout, overrides, tmp_path / "run")
-    [command] = commands
-    assert command[1:3] == ["-m", "torch.distributed.run"]
-    assert {"--nnodes=2", "--node_rank=1", "--master_addr=gpu-st-p4d-017", "--master_port=27733"} <= set(command)
-    assert "--nproc_per_node=4" in command and "--standalone" not in command
+    [(command, env)] = launched
+    assert command[1:6] == ["-m", "retool_cli.rl.torchrun", "gpu-st-p4d-017", "27733", "0"]  # node 1: no store
+    assert {"--nnodes=2", "--node_rank=1", "--rdzv_backend=static", "--nproc_per_node=4"} <= set(command)
+    assert "GLOO_SOCKET_IFNAME" not in env and env[run_lock.LAUNCHER_ENV] == str(os.getpid())
+    assert stops.REPORT_ENV in env
     tail = command[command.index("retool_cli") + 1 :]
     assert tail[0] == "train" and "recipe=dapo_smoke" in tail and "trainer.node_rank=0" not in tail
     assert "trainer.node_rank=1" in tail and tail[-1] == f"hydra.run.dir={tmp_path / 'run'}"
-    commands.clear()
-    launch.launch_processes(TrainerConfig(nproc=2), Rendezvous(1, 0, "127.0.0.1", 29500), [], tmp_path)
-    assert "--standalone" in commands[0] and not any(c.startswith("--nnodes") for c in commands[0])
+    launched.clear()
+    with run_lock.holding():
+        launch.launch_processes(TrainerConfig(nproc=2), Rendezvous(1, 0, "127.0.0.1", 29500), [], tmp_path)
+    [(command, env)] = launched
+    assert command[3:6] == ["127.0.0.1", "0", "1"] and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def test_only_node_zero_holds_the_run_folder() -> None:
+    assert launch.later_node(["trainer.node_rank=1"], {}) and not launch.later_node(["trainer.node_rank=0"], {})
+    assert launch.later_node([], SLURM_2_NODES)  # the second node's task, as Slurm says
+    assert not launch.later_node(["trainer.node_rank=0"], SLURM_2_NODES)  # typed wins
+    assert not launch.later_node([], {})
+
+
+def test_the_rendezvous_store_listens_where_it_is_bound() -> None:
+    """The store rl/torchrun.py opens listens on 127.0.0.1 alone (a TCPStore of its own binds every interface)
+    and serves the store torchrun then opens on the same port, in the same process."""
+    import datetime
+    from pathlib import Path as P
+
+    from torch.distributed import TCPStore
+
+    from retool_cli.rl.torchrun import serve_store
+
+    store, sock = serve_store("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    torchruns = TCPStore("127.0.0.1", port, 1, True, datetime.timedelta(seconds=5), multi_tenant=True)
+    torchruns.set("key", "value")
+    assert store.get("key") == b"value"  # type: ignore[attr-defined]
+    listening = [
+        line.split()[1]
+        for table in ("tcp", "tcp6")
+        for line in P(f"/proc/net/{table}").read_text().splitlines()[1:]
+        if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port
+    ]
+    assert listening == [f"0100007F:{port:04X}"]
