@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from retool_cli import __version__
+from retool_cli import __version__, stops  # stops: the standard library only
 from retool_cli.help import COMMANDS  # each Hydra command's one-line summary, also the first line of its --help
 
 log = logging.getLogger("retool")
@@ -63,7 +63,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-    from retool_cli import run_lock, stops
+    from retool_cli import run_lock
     from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.errors import RetoolError
     from retool_cli.files import write_json
@@ -75,7 +75,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
         overrides = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
         try:
             config = to_config(cfg)
-            stops.set_grace(config.trainer.stop_timeout_s)
+            stops.install(config.trainer.stop_timeout_s)  # again for a job a launcher (submitit) runs elsewhere
             stops.set_resume_hint(resume_command(command, overrides, run_dir, cfg))
             with run_lock.holding():  # the run folders this command claims, released at its end
                 if not joins_a_run(command, overrides):
@@ -136,21 +136,19 @@ def resume_command(command: str, overrides: list[str], run_dir: Path, cfg: Any) 
     return shlex.join(["retool", command, *kept, f"hydra.run.dir={folder}"])
 
 
-def stopped(stop: Any, command: str, overrides: list[str], run_dir: Path, cfg: Any) -> None:
+def stopped(stop: stops.Stopped, command: str, overrides: list[str], run_dir: Path, cfg: Any) -> None:
     """A stop signal ended the command: its one line on how to resume, the exit status of that signal. A process
     of a run that `retool train` launched (torchrun's ranks) reports to the launcher instead, which says it."""
     import os
 
-    from retool_cli import stops
-
-    if discard_if_empty(run_dir):
-        log.error("stopped by %s before anything was written; run the same command again", stop.name)
-        raise SystemExit(stop.exit_code)
     report = os.environ.get(stops.REPORT_ENV)
     if report:
         if os.environ.get("RANK", "0") == "0":
             Path(report).write_text(stop.name)
         stops.exit_quietly(0)  # the launcher reports the stop (and torchrun prints no failure of its own)
+    if discard_if_empty(run_dir):
+        log.error("stopped by %s before anything was written; run the same command again", stop.name)
+        raise SystemExit(stop.exit_code)
     log.error("stopped by %s; to resume, run: %s", stop.name, resume_command(command, overrides, run_dir, cfg))
     raise SystemExit(stop.exit_code)
 
@@ -366,8 +364,6 @@ def _run_or_exit(run: Callable, *args: Any) -> None:
 
 
 def main() -> None:
-    from retool_cli import stops
-
     stops.install()
     try:
         app()

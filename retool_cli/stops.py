@@ -62,9 +62,10 @@ _state = _State()
 
 
 def install(grace_s: float = 30.0) -> None:
-    """Handle the stop signals in this process (the main thread of a command); `grace_s`: see the module."""
+    """Handle the stop signals in this process (the main thread of a command); `grace_s`: see the module. Again
+    later: sets `grace_s` only. Outside the main thread (where Python cannot take signals): nothing."""
     _state.grace_s = grace_s
-    if _state.installed:
+    if _state.installed or threading.current_thread() is not threading.main_thread():
         return
     for sig in SIGNALS:
         signal.signal(sig, _handler)
