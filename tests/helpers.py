@@ -60,3 +60,16 @@ def read_jsonl(path: Path) -> list[dict]:
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie waiting for a parent that is gone counts as gone)."""
+    left = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.append(pid)
+    return left

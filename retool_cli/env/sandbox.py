@@ -194,6 +194,7 @@ class _Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self._scratch: str | None = None
         self._errors: Any = None  # the worker's stderr (a temporary file): what a failed start is explained by
+        self._started: set[int] = set()  # the processes a start made: killed with it, even if bwrap died first
 
     def start(self) -> None:
         """(Re)start the worker: a start that fails (the process died or hung) is tried again, START_ATTEMPTS in
@@ -253,11 +254,21 @@ class _Worker:
         )
 
     def wait_ready(self) -> None:
-        try:
-            ready = self._receive(time.monotonic() + self.config.start_timeout_s)
-        except (OSError, ValueError):
-            ready = None
+        """Wait for the worker's "ready"; a start whose process ended (bwrap or the worker killed) fails at once
+        rather than after sandbox.start_timeout_s, and what it had started (a jail left behind) is killed."""
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + self.config.start_timeout_s
+        ready = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                self._started |= set(descendants(self.proc.pid))
+                if selector.select(0.2):  # the message (or the pipe's end)
+                    with contextlib.suppress(OSError, ValueError):
+                        ready = self._receive(deadline)
+                    break
         if ready and ready.get("ready"):
+            self._started.clear()  # from now on its processes are found below bwrap (pids of the past may be reused)
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             assert self.proc is not None
@@ -289,6 +300,7 @@ class _Worker:
         try:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
+                started = time.monotonic()  # the reply's deadline counts from here, not from before the restart
             self._send({"code": code})
             reply = self._receive(started + self.config.timeout_s + 10.0)  # the worker enforces timeout_s itself
         except (OSError, ValueError):
@@ -312,13 +324,14 @@ class _Worker:
         flight on another thread sees its pipe close and returns; that thread then cleans up (`stop`)."""
         proc = self.proc
         if proc is not None:
-            for pid in [proc.pid, *descendants(proc.pid)]:
+            for pid in {proc.pid, *descendants(proc.pid), *self._started}:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.proc is not None:
             self.kill()
+            self._started.clear()
             self.proc.wait()
             for pipe in (self.proc.stdin, self.proc.stdout):
                 with contextlib.suppress(OSError):

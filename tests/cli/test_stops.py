@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from retool_cli.stops import descendants
+from tests.helpers import alive, read_jsonl, run_retool
 from tests.helpers import comparable as timeless
-from tests.helpers import read_jsonl, run_retool
 
 TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 TRAIN = [
@@ -41,19 +41,6 @@ def comparable(rows: list[dict]) -> list[dict]:
 
 def rows_of(run: Path, name: str = "metrics.jsonl") -> list[dict]:
     return read_jsonl(run / name) if (run / name).exists() else []
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The pids still running (a zombie waiting for a parent that is gone counts as gone)."""
-    left = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.append(pid)
-    return left
 
 
 def signal_when(

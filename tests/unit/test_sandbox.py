@@ -20,6 +20,7 @@ import pytest
 from retool_cli.config import Isolation, SandboxConfig
 from retool_cli.env.sandbox import Sandbox, SandboxError, bwrap_usable
 from retool_cli.stops import descendants
+from tests.helpers import alive
 
 BWRAP_OK, BWRAP_WHY = bwrap_usable()
 MODES = [
@@ -497,9 +498,11 @@ def test_each_sandbox_on_the_machine_has_its_own_uids(tmp_path: Path) -> None:
         assert {w.uid for w in again._workers} == held
 
 
-def test_a_worker_killed_while_it_restarts_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker died, and its replacement is killed while it starts (as the OOM killer would): the restart is
-    tried again and the call runs."""
+@pytest.mark.parametrize("victim", ["worker", "bwrap"])
+def test_a_worker_killed_while_it_restarts_is_started_again(monkeypatch: pytest.MonkeyPatch, victim: str) -> None:
+    """The worker died, and its replacement is killed while it starts (the worker's interpreter, as the OOM
+    killer would; or the process we started, bwrap itself, leaving its jail behind): the restart is tried again
+    at once, the call runs, and nothing of the killed start is left."""
     from retool_cli.env import sandbox as sandbox_module
 
     with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
@@ -508,15 +511,27 @@ def test_a_worker_killed_while_it_restarts_is_started_again(monkeypatch: pytest.
         worker.proc.wait()
         launch, launches = sandbox_module._Worker.launch, []
 
+        killed: list[int] = []
+
         def launch_then_die(self) -> None:
             launch(self)
             launches.append(self.proc.pid)
-            if len(launches) == 1:
-                os.kill(self.proc.pid, 9)
+            if len(launches) > 1:
+                return
+            for _ in range(100):  # until the worker's interpreter runs (bwrap's last descendant)
+                tree = [self.proc.pid, *descendants(self.proc.pid)]
+                if len(tree) >= 3 or (not BWRAP_OK and len(tree) >= 1):
+                    break
+                time.sleep(0.02)
+            killed.extend(tree)
+            os.kill(tree[-1] if victim == "worker" else tree[0], 9)
 
         monkeypatch.setattr(sandbox_module._Worker, "launch", launch_then_die)
+        started = time.monotonic()
         assert box.run("print(2)").stdout == "2\n"
-        assert len(launches) == 2
+        assert len(launches) == 2 and time.monotonic() - started < 15
+        time.sleep(0.2)
+        assert not alive(killed)
 
 
 def test_a_worker_that_cannot_start_says_why() -> None:
