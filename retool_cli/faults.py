@@ -2,18 +2,34 @@
 `retool sft` die right after step N (its metrics and any checkpoint written), chunk:N makes a sampling run
 (eval, filter-pass-rate) die right after its N-th chunk reached samples.jsonl, file:N makes `retool prepare`
 die after writing its N-th output into its staging folder and placed:N after moving its N-th into place. It
-dies as a node failure would: SIGKILL to itself, no cleanup, no exit handlers. Unset (always, outside tests)
-it does nothing."""
+dies as a node failure would: SIGKILL to itself, no cleanup, no exit handlers. RETOOL_PAUSE_AT=rollouts:N
+(before step N's rollouts), step:N (sft, after step N) or chunk:N makes the command wait there for a stop
+signal (60 s at most): the stop tests' fixed point to signal at, whatever the machine's speed. Unset (always,
+outside tests) they do nothing."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+
+from retool_cli import stops
 
 ENV = "RETOOL_DIE_AFTER"
+PAUSE_ENV = "RETOOL_PAUSE_AT"
 
 
 def die_if_due(kind: str, count: int) -> None:
     """SIGKILL this process when RETOOL_DIE_AFTER is `kind:count`."""
     if os.environ.get(ENV) == f"{kind}:{count}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_if_due(kind: str, count: int) -> None:
+    """Wait for a stop signal when RETOOL_PAUSE_AT is `kind:count` (where a stop is raised at once, it is raised
+    in this wait; inside stops.deferred() the wait ends and the command stops where it would)."""
+    if os.environ.get(PAUSE_ENV) != f"{kind}:{count}":
+        return
+    deadline = time.monotonic() + 60
+    while stops.requested() is None and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -18,7 +18,7 @@ from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.data.traces import Trace, file_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
-from retool_cli.faults import die_if_due
+from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
@@ -111,6 +111,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
                 lr, elapsed = scheduler.get_last_lr()[0], time.perf_counter() - started
                 metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
                 log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
+            pause_if_due("step", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=step:N)
             stop = stops.requested()
             if step % cfg.save_every == 0 or step == cfg.steps or (stop and config.trainer.save_on_signal):
                 state = {"cursor": 0, "batch_rng": rng.getstate()}

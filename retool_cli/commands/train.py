@@ -22,7 +22,7 @@ from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
-from retool_cli.faults import die_if_due
+from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer
@@ -142,6 +142,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
             timer, before = Timer(), {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
             try:  # one process: a stop abandons the rollouts at once (nothing trained yet); several: see agreed_stop
                 with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
+                    pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
                     batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
             except stops.Stopped:
                 if t.save_on_signal and step - 1 > checkpoint_at.last:

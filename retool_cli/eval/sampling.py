@@ -22,7 +22,7 @@ from retool_cli.data.dataset import MathExample, prepare_dataset
 from retool_cli.env.reward import score_batch
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
-from retool_cli.faults import die_if_due
+from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.files import append_jsonl, read_jsonl_log
 from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
 from retool_cli.rl.checkpoints import latest_checkpoint
@@ -149,6 +149,7 @@ def sample_problems(
             append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
         written += 1
         die_if_due("chunk", written)  # the resume tests' fault injection (RETOOL_DIE_AFTER=chunk:N)
+        pause_if_due("chunk", written)  # the stop tests' fixed point (RETOOL_PAUSE_AT=chunk:N)
         _advance(progress, len(chunk))
     return read_samples(path)
 

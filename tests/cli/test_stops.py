@@ -44,11 +44,17 @@ def rows_of(run: Path, name: str = "metrics.jsonl") -> list[dict]:
 
 
 def signal_when(
-    args: list[str], cwd: Path, signum: int, ready: Callable[[], bool], checks: Callable[[int], None] | None = None
+    args: list[str],
+    cwd: Path,
+    signum: int,
+    ready: Callable[[], bool],
+    checks: Callable[[int], None] | None = None,
+    pause: str = "",
 ) -> tuple[subprocess.CompletedProcess, list[int]]:
     """Run `retool ARGS`, send `signum` once `ready()` holds (after `checks(pid)`, done while it works); its result
-    and every process that was part of it then (torchrun, ranks, sandbox and judge workers)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "400"}
+    and every process that was part of it then (torchrun, ranks, sandbox and judge workers). `pause`: where the
+    command waits for the signal (RETOOL_PAUSE_AT, retool_cli/faults.py), so that it cannot finish first."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "400", "RETOOL_PAUSE_AT": pause}
     proc = subprocess.Popen(
         [sys.executable, "-m", "retool_cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -128,7 +134,8 @@ def test_train_stops_cleanly_and_resumes_exactly(
     that command gives the uninterrupted run's metrics. With save_on_signal the last complete step is saved, so
     the resumed run redoes nothing; with resume off, the printed command turns it on."""
     run = tmp_path / "run"
-    result, _ = signal_when([*TRAIN, *extra, f"hydra.run.dir={run}"], tmp_path, signum, lambda: len(rows_of(run)) >= 1)
+    args = [*TRAIN, *extra, f"hydra.run.dir={run}"]
+    result, _ = signal_when(args, tmp_path, signum, lambda: len(rows_of(run)) >= 1, pause="rollouts:2")
     assert result.returncode == 128 + signum, result.stderr[-3000:]
     again = resume_line(result, signum)
     assert again[0] == "train" and f"hydra.run.dir={run}" in again
@@ -141,71 +148,103 @@ def test_train_stops_cleanly_and_resumes_exactly(
     assert (run / "final.txt").exists()
 
 
-def test_two_process_train_stops_every_rank_and_listens_on_loopback(tmp_path: Path) -> None:
-    """SIGTERM to the command (the launcher) reaches torchrun's ranks: all stop at one step boundary, every process
-    is gone, the launcher says how to resume, and that gives the uninterrupted two-process run; while it ran,
-    nothing of it listened beyond 127.0.0.1."""
-    run_retool(*TRAIN, "trainer.nproc=2", "hydra.run.dir=whole", cwd=tmp_path, check=True)
+@pytest.fixture(scope="module")
+def two_process_reference(tmp_path_factory) -> list[dict]:
+    work = tmp_path_factory.mktemp("reference2")
+    run_retool(*TRAIN, "trainer.nproc=2", "hydra.run.dir=run", cwd=work, check=True)
+    return comparable(rows_of(work / "run"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_two_process_train_stops_every_rank_and_listens_on_loopback(
+    tmp_path: Path, two_process_reference: list[dict], signum: int
+) -> None:
+    """A signal to the command (the launcher) reaches torchrun's ranks: all stop at one step boundary, every
+    process is gone, the launcher says how to resume, and that gives the uninterrupted two-process run; while it
+    ran, nothing of it listened beyond 127.0.0.1."""
     run = tmp_path / "run"
     seen: list[str] = []
     result, tree = signal_when(
         [*TRAIN, "trainer.nproc=2", f"hydra.run.dir={run}"],
         tmp_path,
-        signal.SIGTERM,
+        signum,
         lambda: len(rows_of(run)) >= 1,
         checks=lambda pid: seen.extend(listening_addresses([pid, *descendants(pid)])),
+        pause="rollouts:2",
     )
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert result.returncode == 128 + signum, result.stderr[-3000:]
     assert len(tree) >= 4  # the launcher, torchrun, two ranks (and their workers)
     assert seen and set(seen) <= LOOPBACK, seen  # the rendezvous store and gloo's connections
-    again = resume_line(result, signal.SIGTERM)
-    run_retool(*again, cwd=tmp_path, check=True)
-    assert comparable(rows_of(run)) == comparable(rows_of(tmp_path / "whole"))
+    run_retool(*resume_line(result, signum), cwd=tmp_path, check=True)
+    assert comparable(rows_of(run)) == two_process_reference
     assert not list((run / "checkpoints").glob(".step_*.tmp"))  # no checkpoint half-written
 
 
-def test_sft_stops_at_a_step_and_resumes_exactly(tmp_path: Path) -> None:
-    """Ctrl-C in SFT (with save_on_signal): it ends the step it is in, saves it, and the resumed run's losses
-    and weights are the uninterrupted run's."""
-    whole = tmp_path / "whole"
-    run_retool(*SFT, f"hydra.run.dir={whole}", cwd=tmp_path, check=True)
+@pytest.fixture(scope="module")
+def sft_reference(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("sft_reference")
+    run_retool(*SFT, "hydra.run.dir=run", cwd=work, check=True)
+    return work / "run"
+
+
+@pytest.mark.parametrize(
+    ("signum", "extra"),
+    [(signal.SIGINT, ["trainer.save_on_signal=true"]), (signal.SIGTERM, [])],
+    ids=["sigint-save_on_signal", "sigterm"],
+)
+def test_sft_stops_at_a_step_and_resumes_exactly(
+    tmp_path: Path, sft_reference: Path, signum: int, extra: list[str]
+) -> None:
+    """SFT ends the step it is in (with save_on_signal: and saves it, else its last checkpoint is where it
+    resumes, at step 20 or none), and the resumed run's losses and weights are the uninterrupted run's."""
     run = tmp_path / "run"
-    args = [*SFT, "trainer.save_on_signal=true", f"hydra.run.dir={run}"]
-    result, _ = signal_when(args, tmp_path, signal.SIGINT, lambda: len(rows_of(run)) >= 1)
-    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
-    [stopped_at] = [int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*")]
-    assert 5 <= stopped_at < 60
-    run_retool(*resume_line(result, signal.SIGINT), cwd=tmp_path, check=True)
-    assert comparable(rows_of(run)) == comparable(rows_of(whole))
+    args = [*SFT, *extra, f"hydra.run.dir={run}"]
+    result, _ = signal_when(args, tmp_path, signum, lambda: len(rows_of(run)) >= 1, pause="step:5")
+    assert result.returncode == 128 + signum, result.stderr[-3000:]
+    saved = [int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*")]
+    if extra:
+        assert len(saved) == 1 and 5 <= saved[0] < 60
+    run_retool(*resume_line(result, signum), cwd=tmp_path, check=True)
+    assert comparable(rows_of(run)) == comparable(rows_of(sft_reference))
     from safetensors.torch import load_file
 
-    resumed, uninterrupted = (load_file(r / "checkpoints" / "step_60" / "model.safetensors") for r in (run, whole))
+    resumed, uninterrupted = (
+        load_file(r / "checkpoints" / "step_60" / "model.safetensors") for r in (run, sft_reference)
+    )
     assert all((resumed[k] == uninterrupted[k]).all() for k in uninterrupted)
 
 
-def test_eval_stops_and_resumes_without_redoing_samples(tmp_path: Path) -> None:
-    """SIGTERM once the first samples are written: the samples written stay, the rerun finishes the rest, and the
-    results are the uninterrupted run's."""
-    data = tmp_path / "problems.jsonl"
+def eval_args(folder: Path) -> list[str]:
+    data = folder / "problems.jsonl"
     data.write_text("".join(f'{{"problem": "What is {i} * 7?", "answer": "{i * 7}"}}\n' for i in range(16)))
     args = ["eval", *TINY, "benchmark=file", f"benchmark.data.path={data}", "benchmark.n_samples=2"]
-    args += ["benchmark.max_response_tokens=40", "eval.questions_per_batch=2", "model.name_or_path=tiny"]
-    run_retool(*args, "hydra.run.dir=whole", cwd=tmp_path, check=True)
+    return [*args, "benchmark.max_response_tokens=40", "eval.questions_per_batch=2", "model.name_or_path=tiny"]
+
+
+@pytest.fixture(scope="module")
+def eval_reference(tmp_path_factory) -> list[dict]:
+    work = tmp_path_factory.mktemp("eval_reference")
+    run_retool(*eval_args(work), "hydra.run.dir=run", cwd=work, check=True)
+    return rows_of(work / "run", "samples.jsonl")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_eval_stops_and_resumes_without_redoing_samples(
+    tmp_path: Path, eval_reference: list[dict], signum: int
+) -> None:
+    """Signalled once the first samples are written: the samples written stay, the rerun finishes the rest, and
+    the samples are the uninterrupted run's."""
     run = tmp_path / "run"
-    result, _ = signal_when(
-        [*args, f"hydra.run.dir={run}"], tmp_path, signal.SIGTERM, lambda: bool(rows_of(run, "samples.jsonl"))
-    )
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    started = lambda: bool(rows_of(run, "samples.jsonl"))
+    result, _ = signal_when([*eval_args(tmp_path), f"hydra.run.dir={run}"], tmp_path, signum, started, pause="chunk:1")
+    assert result.returncode == 128 + signum, result.stderr[-3000:]
     kept = rows_of(run, "samples.jsonl")
-    run_retool(*resume_line(result, signal.SIGTERM), cwd=tmp_path, check=True)
+    run_retool(*resume_line(result, signum), cwd=tmp_path, check=True)
     resumed = rows_of(run, "samples.jsonl")
     assert resumed[: len(kept)] == kept  # nothing written was redone
     key = lambda r: (r["problem_id"], r["sample_index"])
-    drop = ("duration_s", "seconds", "time")
-    strip = lambda r: {k: v for k, v in r.items() if not k.endswith(drop)}
-    assert sorted(map(strip, resumed), key=key) == sorted(
-        map(strip, rows_of(tmp_path / "whole", "samples.jsonl")), key=key
-    )
+    strip = lambda r: {k: v for k, v in r.items() if not k.endswith(("duration_s", "seconds", "time"))}
+    assert sorted(map(strip, resumed), key=key) == sorted(map(strip, eval_reference), key=key)
 
 
 def test_a_second_writer_is_refused(tmp_path: Path) -> None:
@@ -228,6 +267,11 @@ def test_a_second_writer_is_refused(tmp_path: Path) -> None:
         assert [p.parent for p in (tmp_path / "outputs").rglob("provenance.json")] == [run]  # no folder left
 
     result, _ = signal_when(
-        [*args, f"hydra.run.dir={run}"], tmp_path, signal.SIGTERM, lambda: len(rows_of(run)) >= 1, checks=second_writers
+        [*args, f"hydra.run.dir={run}"],
+        tmp_path,
+        signal.SIGTERM,
+        lambda: len(rows_of(run)) >= 1,
+        checks=second_writers,
+        pause="rollouts:2",  # the live run waits there while the others are refused
     )
     assert result.returncode == 128 + signal.SIGTERM
