@@ -63,7 +63,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
-    from retool_cli import run_lock
+    from retool_cli import preflight, run_lock
     from retool_cli.compose import CONF_DIR, register_configs, to_config
     from retool_cli.errors import RetoolError
     from retool_cli.files import write_json
@@ -93,6 +93,13 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             raise SystemExit(1) from None
         except stops.Stopped as stop:
             stopped(stop, command, overrides, run_dir, cfg)
+        except Exception as exc:
+            discard_if_empty(run_dir)  # whatever the failure, no folder of bookkeeping alone is left
+            message = preflight.disk_problem(exc, run_dir)
+            if message is None:
+                raise  # a bug: Hydra prints where
+            log.error("%s", message)
+            raise SystemExit(1) from None
 
     register_configs()
     if "--help" in args or "-h" in args:
@@ -100,6 +107,13 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
         return
     _quiet_libraries()
     argv = hydra_argv(args)
+    try:
+        preflight.check_config_files(argv)
+        if not {"-m", "--multirun"} & set(argv):
+            preflight.check_writable(argv, command)
+    except RetoolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     if not {"-m", "--multirun"} & set(argv) and not joins_a_run(command, argv):
         run_lock.refuse_if_busy(argv)
     sys.argv = [f"retool {command}", *argv]

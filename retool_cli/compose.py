@@ -3,6 +3,10 @@ the recipe. The schema itself (keys, types, defaults, checks) is `config.py`."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from retool_cli.config import RetoolConfig
+from retool_cli.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -83,5 +88,33 @@ def _command_line_groups_after_recipe() -> None:
 
 
 def to_config(cfg: DictConfig) -> RetoolConfig:
-    """Resolve and convert the composed DictConfig; runs every cross-field check."""
+    """Resolve and convert the composed DictConfig; runs every cross-field check. A key the schema does not
+    have is refused like a typo: Hydra lets `+section.key=value` add one, and a recipe may carry one."""
+    unknown = list(unknown_keys(cfg, RetoolConfig))
+    if unknown:
+        raise ConfigError(f"{'; '.join(unknown)}; `retool {cfg.get('command', 'COMMAND')} --help` lists the keys")
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[str]:
+    """`key: not a config key (did you mean ...?)` for each key of `node` (and of its sections) the schema lacks."""
+    hints = typing.get_type_hints(schema)
+    for key in list(node):
+        name = f"{prefix}{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" ({prefix or 'the config'} has no such key)"
+            yield f"{name}: not a config key{hint}"
+            continue
+        section = _dataclass_in(hints[key])
+        value = node._get_node(key)
+        if section is not None and isinstance(value, DictConfig) and not value._is_none():
+            yield from unknown_keys(value, section, f"{name}.")
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass of a field typed `Section` or `Section | None`, else None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if dataclasses.is_dataclass(candidate) and isinstance(candidate, type):
+            return candidate
+    return None

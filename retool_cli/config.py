@@ -147,6 +147,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(self.lora_rank >= 0, "model.lora_rank", "must be >= 0 (0 = off)")
+        _check(self.lora_alpha > 0, "model.lora_alpha", "must be > 0")
+        _check(
+            self.max_context_tokens is None or self.max_context_tokens >= 1,
+            "model.max_context_tokens",
+            "must be >= 1 (or null)",
+        )
         _check(0 <= self.lora_dropout < 1, "model.lora_dropout", "must be in [0, 1)")
         _check(
             not self.lora_rank or bool(self.lora_target_modules),
@@ -469,10 +475,40 @@ class TrainerConfig:
     tensorboard: bool = doc(False, "also log to RUN/tensorboard (needs the tensorboard extra)")
     wandb_project: str | None = doc(None, "also log to this W&B project (needs the wandb extra)")
     train_file: str | None = doc(None, "a prepared train.jsonl; None = build from the `data` section in memory")
-    init_from: str | None = doc(None, "start from this checkpoint (e.g. the SFT run folder); None = model.name_or_path")
+    init_from: str | None = doc(
+        None,
+        "start from this checkpoint (e.g. the SFT run folder): its weights, tokenizer, chat template and protocol "
+        "(a typed model.name_or_path or protocol that contradicts it is refused); None = model.name_or_path",
+    )
+    allow_no_learning: bool = doc(
+        False,
+        "accept a run that cannot learn: rollout.group_size=1 or rollout.temperature=0 make every group's "
+        "rewards equal, so every advantage is 0 (checks that compare engines on greedy rollouts use it)",
+    )
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
+        for key in ("weight_decay", "warmup_steps", "kl_coef", "max_sampling_rounds", "eval_every"):
+            _check(getattr(self, key) >= 0, f"trainer.{key}", f"must be >= 0, got {getattr(self, key)}")
+        _check(
+            self.grad_clip > 0, "trainer.grad_clip", f"must be > 0 (the largest gradient norm), got {self.grad_clip}"
+        )
+        _check(
+            0 <= self.clip_low < 1,
+            "trainer.clip_low",
+            f"must be in [0, 1) (the ratio's floor is 1 - clip_low), got {self.clip_low}",
+        )
+        _check(
+            self.clip_high >= 0,
+            "trainer.clip_high",
+            f"must be >= 0 (the ratio's ceiling is 1 + clip_high), got {self.clip_high}",
+        )
+        _check(
+            self.dual_clip is None or self.dual_clip > 1,
+            "trainer.dual_clip",
+            f"must be > 1 (or null), got {self.dual_clip}",
+        )
+        _check(self.eval_problems >= 1, "trainer.eval_problems", "must be >= 1")
         _check(self.total_steps >= 1, "trainer.total_steps", "must be >= 1")
         _check(self.questions_per_step >= 1, "trainer.questions_per_step", "must be >= 1")
         _check(self.schedule in ("constant", "cosine"), "trainer.schedule", "must be constant or cosine")
@@ -492,6 +528,7 @@ class TrainerConfig:
         _check(self.roc_oversample >= 1, "trainer.roc_oversample", "must be >= 1 (1 = off)")
         _check(self.nproc >= 1, "trainer.nproc", "must be >= 1")
         _check(self.nnodes >= 1, "trainer.nnodes", "must be >= 1")
+        _check(0 <= self.node_rank < self.nnodes, "trainer.node_rank", f"must be in [0, trainer.nnodes={self.nnodes})")
         _check(self.fsdp_sharding in ("full", "hybrid"), "trainer.fsdp_sharding", "must be full or hybrid")
         _check(1 <= self.master_port <= 65535, "trainer.master_port", "must be a port (1-65535)")
         _check(self.collective_timeout_s > 0, "trainer.collective_timeout_s", "must be > 0")
@@ -522,6 +559,10 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "sft.steps", "must be >= 1")
+        _check(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
+        _check(self.log_every >= 1, "sft.log_every", f"must be >= 1, got {self.log_every}")
+        for key in ("warmup_steps", "weight_decay"):
+            _check(getattr(self, key) >= 0, f"sft.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.save_every >= 1, "sft.save_every", "must be >= 1")
         _check(self.resume in ("auto", "never"), "sft.resume", "must be auto or never")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
@@ -612,6 +653,7 @@ class SandboxConfig:
         ):
             _check(getattr(self, key) >= 1, f"sandbox.{key}", "must be >= 1")
         _check(self.max_output_bytes >= 1024, "sandbox.max_output_bytes", "must be >= 1024")
+        _check(self.start_timeout_s > 0, "sandbox.start_timeout_s", "must be > 0")
 
 
 # --------------------------------------------------------------------------- reward
@@ -652,6 +694,7 @@ class RewardConfig:
         _check(self.answer_window_chars > 0, "reward.answer_window_chars", "must be > 0")
         _check(self.judge_timeout_s > 0, "reward.judge_timeout_s", "must be > 0")
         _check(self.judge_workers >= 1, "reward.judge_workers", "must be >= 1")
+        _check(self.overlong_penalty_factor >= 0, "reward.overlong_penalty_factor", "must be >= 0")
         _check(
             # (the default factory builds this with the unresolved interpolation; checked once resolved)
             not isinstance(self.max_response_tokens, int)
@@ -742,9 +785,12 @@ class DecontamConfig:
 
     def __post_init__(self) -> None:
         _check(self.rule in ("coverage", "any"), "decontam.rule", "must be coverage or any")
-        _check(self.n >= 1 and self.coverage_n >= 1, "decontam.n", "n-gram sizes must be >= 1")
+        _check(self.n >= 1, "decontam.n", "must be >= 1 (an n-gram size)")
+        _check(self.coverage_n >= 1, "decontam.coverage_n", "must be >= 1 (an n-gram size)")
         _check(0 < self.threshold <= 1, "decontam.threshold", "must be in (0, 1]")
         _check(0 < self.word_threshold <= 1, "decontam.word_threshold", "must be in (0, 1]")
+        _check(0 < self.text_only_threshold <= 1, "decontam.text_only_threshold", "must be in (0, 1]")
+        _check(self.min_shared >= 1, "decontam.min_shared", "must be >= 1")
         _check(bool(self.benchmarks), "decontam.benchmarks", "needs at least one benchmark")
 
 
@@ -754,7 +800,10 @@ class ShardConfig:
     count: int = doc(1, "shards in all (e.g. -m shard.index=0,1,2,3 shard.count=4 with the Slurm launcher)")
 
     def __post_init__(self) -> None:
-        _check(self.count >= 1 and 0 <= self.index < self.count, "shard.index", "must be in [0, shard.count)")
+        _check(self.count >= 1, "shard.count", f"must be >= 1, got {self.count}")
+        _check(
+            0 <= self.index < self.count, "shard.index", f"must be in [0, shard.count={self.count}), got {self.index}"
+        )
 
 
 @dataclass
@@ -768,7 +817,9 @@ class PassRateConfig:
 
     def __post_init__(self) -> None:
         _check(self.n_samples >= 1, "filter.n_samples", "must be >= 1")
-        _check(0 <= self.low < self.high <= 1, "filter.low", "needs 0 <= low < high <= 1")
+        _check(0 <= self.low <= 1, "filter.low", f"must be in [0, 1], got {self.low}")
+        _check(0 <= self.high <= 1, "filter.high", f"must be in [0, 1], got {self.high}")
+        _check(self.low < self.high, "filter.low", f"{self.low} must be below filter.high={self.high}")
 
 
 # --------------------------------------------------------------------------- root
@@ -824,6 +875,7 @@ class RetoolConfig:
 
     def __post_init__(self) -> None:
         self._check_budgets()
+        self._check_learning_signal()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
         hf_copy = self.rollout.engine is RolloutEngine.hf and self.rollout.dtype != "auto"
         _check(
@@ -831,6 +883,25 @@ class RetoolConfig:
             "trainer.fsdp",
             "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
             "use data parallel (trainer.fsdp=false) for them",
+        )
+
+    def _check_learning_signal(self) -> None:
+        """GRPO-family advantages compare the samples of one question: with one sample, or greedy samples that
+        are all the same, every advantage is 0 and `train` would spend its steps learning nothing."""
+        if self.command != "train" or self.trainer.allow_no_learning:
+            return
+        override = "(trainer.allow_no_learning=true runs it anyway)"
+        _check(
+            self.rollout.group_size >= 2,
+            "rollout.group_size",
+            f"{self.rollout.group_size}: a group of one sample has advantage 0, so training learns nothing; use >= 2 "
+            + override,
+        )
+        _check(
+            self.rollout.temperature > 0,
+            "rollout.temperature",
+            "0 (greedy) in train: a question's samples are all the same, so every advantage is 0 and training "
+            "learns nothing; use > 0 (e.g. 1.0) " + override,
         )
 
     def _response_budgets(self) -> list[tuple[str, int]]:

@@ -94,15 +94,55 @@ def iter_jsonl_log(path: str | Path) -> Iterator[tuple[int, int, dict[str, Any]]
             following = handle.readline()
             try:
                 row = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 if not following:
                     return
-                raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg})") from None
+                raise DataError(f"{path}:{line_no}: {_what_is_wrong(exc)}") from None
             if row is not None and not isinstance(row, dict):
                 raise DataError(f"{path}:{line_no}: expected a JSON object")
             if row is not None:
                 yield start, start + len(line), row
             start, line_no, line = start + len(line), line_no + 1, following
+
+
+def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file; a line that is not UTF-8 is an error naming the file, the line
+    and the column (the default decoder names neither)."""
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                yield line_no, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{line_no}: {_what_is_wrong(exc)}") from None
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file; bytes that are not UTF-8 are an error naming the file and line."""
+    return "".join(line for _, line in text_lines(path))
+
+
+def read_parquet(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a parquet file; a file that is not parquet (empty, cut short, another format) is an error
+    naming it."""
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    except (pyarrow.ArrowException, OSError) as exc:
+        size = Path(path).stat().st_size
+        raise DataError(
+            f"{path}: not a readable parquet file ({size} bytes: {str(exc).splitlines()[0]}); was it copied whole?"
+        ) from None
+
+
+def _what_is_wrong(exc: ValueError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        column = len(exc.object[: exc.start].decode("utf-8", errors="replace")) + 1
+        return f"not UTF-8 text (byte 0x{bad} at column {column}); save the file as UTF-8"
+    assert isinstance(exc, json.JSONDecodeError)
+    return f"malformed JSON ({exc.msg})"
 
 
 def sha256_file(path: str | Path) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from retool_cli.config import DataConfig, DataSource
 from retool_cli.data.synthetic import generate_rows
 from retool_cli.errors import DataError
+from retool_cli.files import read_parquet, read_text, text_lines
 
 
 @dataclass(frozen=True)
@@ -73,31 +74,29 @@ def load_jsonl(path: str | Path) -> list[MathExample]:
         )
     examples: list[MathExample] = []
     first_line_of: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            row = _parse_json_line(line, path, line_no)
-            values = {}
-            for key in _FIELDS:
-                value = row.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "answer":
-                    value = str(value)
-                if not isinstance(value, str) or not value.strip():
-                    problem = "missing" if value is None else "empty or not a string"
-                    raise DataError(f"{path}:{line_no}: field {key!r} is {problem}")
-                values[key] = value
-            code = row.get("solution_code", "")
-            if not isinstance(code, str):
-                raise DataError(f"{path}:{line_no}: field 'solution_code' is not a string")
-            values["solution_code"] = code
-            if values["id"] in first_line_of:
-                raise DataError(
-                    f"{path}:{line_no}: duplicate id {values['id']!r} "
-                    f"(first seen on line {first_line_of[values['id']]})"
-                )
-            first_line_of[values["id"]] = line_no
-            examples.append(MathExample(**values))
+    for line_no, line in text_lines(path):
+        if not line.strip():
+            continue
+        row = _parse_json_line(line, path, line_no)
+        values = {}
+        for key in _FIELDS:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "answer":
+                value = str(value)
+            if not isinstance(value, str) or not value.strip():
+                problem = "missing" if value is None else "empty or not a string"
+                raise DataError(f"{path}:{line_no}: field {key!r} is {problem}")
+            values[key] = value
+        code = row.get("solution_code", "")
+        if not isinstance(code, str):
+            raise DataError(f"{path}:{line_no}: field 'solution_code' is not a string")
+        values["solution_code"] = code
+        if values["id"] in first_line_of:
+            raise DataError(
+                f"{path}:{line_no}: duplicate id {values['id']!r} (first seen on line {first_line_of[values['id']]})"
+            )
+        first_line_of[values["id"]] = line_no
+        examples.append(MathExample(**values))
     return examples
 
 
@@ -185,13 +184,12 @@ def read_local_rows(path: str | Path) -> Iterator[RawRow]:
     if path.is_dir():
         yield from _dataset_rows(_load_local_dataset(path), str(path))
     elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield RawRow(f"{path}:{line_no}", _parse_json_line(line, path, line_no))
+        for line_no, line in text_lines(path):
+            if line.strip():
+                yield RawRow(f"{path}:{line_no}", _parse_json_line(line, path, line_no))
     elif path.suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
         rows = data.get("data") if isinstance(data, dict) else data
@@ -202,9 +200,7 @@ def read_local_rows(path: str | Path) -> Iterator[RawRow]:
                 raise DataError(f"{path}: item {index} is not an object")
             yield RawRow(f"{path} item {index}", row)
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for index, row in enumerate(pq.read_table(path).to_pylist()):
+        for index, row in enumerate(read_parquet(path)):
             yield RawRow(f"{path} row {index}", row)
     else:
         raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json, .parquet or a folder)")
@@ -213,10 +209,17 @@ def read_local_rows(path: str | Path) -> Iterator[RawRow]:
 def _load_local_dataset(path: Path) -> Any:
     import datasets
 
-    if (path / "dataset_info.json").exists() or (path / "state.json").exists():
-        loaded = datasets.load_from_disk(str(path))
-        return loaded["train"] if isinstance(loaded, datasets.DatasetDict) else loaded
-    return datasets.load_dataset(str(path), split="train")
+    try:
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+            return loaded["train"] if isinstance(loaded, datasets.DatasetDict) else loaded
+        return datasets.load_dataset(str(path), split="train")
+    except Exception as exc:  # arrow, json or a missing split: datasets' own errors name neither file nor fix
+        first_line = (str(exc).splitlines() or [""])[0]
+        raise DataError(
+            f"{path}: not a readable dataset folder ({type(exc).__name__}: {first_line}); "
+            "expected a folder written by `datasets` save_to_disk or data files `datasets` can load"
+        ) from None
 
 
 def read_hub_rows(hub_id: str, revision: str, split: str, path_key: str = "data.path") -> Iterator[RawRow]:

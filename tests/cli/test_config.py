@@ -234,3 +234,78 @@ def test_an_unset_context_is_sized_to_what_the_command_samples() -> None:
     assert composed("train", ["rollout.max_response_tokens=3000"]).context_tokens() == 1024 + 3000
     train = composed("train", ["trainer.eval_every=2", "benchmark=math500"])
     assert train.context_tokens() == 1024 + 8192  # the periodic eval's budget is the larger one
+
+
+# ------------------------------------------------------------------ every value checked at composition
+
+# Numeric keys where a negative value means something (a seed, a penalty, a signed weight, an id range).
+NEGATIVE_ALLOWED = {"seed", "sandbox.seed", "reward.format_weight", "trainer.entropy_coef", "sandbox.uid_base"}
+
+
+def numeric_keys(command: str) -> list[str]:
+    flat = leaves(OmegaConf.to_container(composed_raw(command, []), resolve=False))
+    return sorted(k for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def test_every_numeric_key_refuses_a_negative_value_naming_the_key() -> None:
+    """A kind of mistake, not a list of them: any count, size, rate, time or coefficient set below zero fails
+    at composition (before a model loads), with the key in the message. A key added later without its check
+    fails here. (Every command composes the same schema; train's has every section in use.)"""
+    command = "train"
+    keys = [k for k in numeric_keys(command) if k not in NEGATIVE_ALLOWED]
+    assert len(keys) > 60
+    unchecked, misnamed = [], []
+    for key in keys:
+        try:
+            composed(command, [f"{key}=-3"])
+        except ConfigError as exc:
+            if not str(exc).startswith(f"{key}:"):
+                misnamed.append((key, str(exc)))
+        else:
+            unchecked.append(key)
+    assert not unchecked, f"negative values accepted: {unchecked}"
+    assert not misnamed, f"errors that name another key: {misnamed}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["trainer.clip_low=1.5"], "trainer.clip_low"),
+        (["trainer.grad_clip=0"], "trainer.grad_clip"),
+        (["trainer.dual_clip=0.5"], "trainer.dual_clip"),
+        (["sft.lr=0"], "sft.lr"),
+        (["sft.log_every=0"], "sft.log_every"),
+        (["shard.count=0"], "shard.count"),
+        (["trainer.nnodes=2", "trainer.node_rank=2"], "trainer.node_rank"),
+    ],
+)
+def test_out_of_range_values_name_their_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(key)}:"):
+        composed("train", overrides)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["+trainer.totl_steps=3", "+rollout.groupsize=4", "+learning_rate=1e-5", "+model.lora.rank=8"],
+)
+def test_a_key_the_schema_lacks_is_refused_even_when_added_with_plus(override: str) -> None:
+    """Hydra's own hint for a typo is `+key=value`, which adds the key: it would be recorded and ignored."""
+    key = override[1:].split("=")[0]
+    with pytest.raises(ConfigError, match=re.escape(key.rsplit(".", 1)[0] if "lora." in key else key)):
+        composed("train", [override])
+
+
+def test_the_unknown_key_message_suggests_the_close_one() -> None:
+    with pytest.raises(ConfigError, match=r"trainer.totl_steps: not a config key \(did you mean trainer.total_steps"):
+        composed("train", ["+trainer.totl_steps=3"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [(["rollout.group_size=1"], "rollout.group_size"), (["rollout.temperature=0"], "rollout.temperature")],
+)
+def test_train_refuses_settings_that_learn_nothing_unless_allowed(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(key)}:.*learns nothing"):
+        composed("train", overrides)
+    assert composed("train", [*overrides, "trainer.allow_no_learning=true"]).trainer.allow_no_learning
+    composed("eval", overrides)  # sampling without training: greedy and one sample are fine

@@ -70,6 +70,7 @@ def test_train_with_vllm_samples_from_init_from_at_step_one(sft_run: Path, tmp_p
             *extra,
             "trainer.total_steps=1",
             "rollout.temperature=0",
+            "trainer.allow_no_learning=true",
             f"trainer.init_from={sft_run}",
             f"hydra.run.dir={engine}",
             cwd=tmp_path,
