@@ -198,10 +198,10 @@ def multi_call_checkpoint(calls: int, out: Path) -> Path:
     """The smoke recipe's SFT on traces that call the interpreter `calls` times before answering (the smoke
     checkpoint calls it once): a policy whose trajectories have several tool rounds, where a turn barrier
     costs the most. Built once into `out` (about 2 min)."""
+    from retool_cli.checkpoint_paths import latest_checkpoint
     from retool_cli.config import SyntheticConfig
     from retool_cli.data.synthetic import generate
     from retool_cli.data.traces import dump_messages
-    from retool_cli.rl.checkpoints import latest_checkpoint
 
     if latest_checkpoint(out) is not None:
         return out
@@ -227,13 +227,13 @@ def loops(args) -> None:
 
     from transformers import AutoTokenizer
 
+    from retool_cli.checkpoint_paths import latest_checkpoint
     from retool_cli.config import RolloutLoop, SyntheticConfig
     from retool_cli.data.dataset import MathExample
     from retool_cli.data.synthetic import generate
     from retool_cli.env.protocol import build_protocol
     from retool_cli.env.sandbox import Sandbox
     from retool_cli.env.tools import CodeInterpreter
-    from retool_cli.rl.checkpoints import latest_checkpoint
     from retool_cli.rollout import build_engine
     from retool_cli.rollout.agent import run_rollouts
 

@@ -352,6 +352,12 @@ class ProtocolConfig:
         "Solve the math problem step by step. Put the final answer in \\boxed{}.",
         "protocol=none: the system prompt of the text-only baseline",
     )
+    override_checkpoint: bool = doc(
+        False,
+        "with ckpt / trainer.init_from: run under the protocol this config composes even where the checkpoint "
+        "was trained with another (e.g. a text-only baseline of a tool-trained model). Off: a protocol typed on "
+        "the command line that contradicts the checkpoint is refused, and an untyped one is the checkpoint's",
+    )
 
 
 class Advantage(str, enum.Enum):  # a str too: the tensor functions take the name or the member
@@ -870,7 +876,9 @@ class RetoolConfig:
     )
     ckpt: str | None = doc(
         None,
-        "a training checkpoint folder, or a training run folder (its latest checkpoint); overrides model.name_or_path",
+        "a training checkpoint folder, or a training run folder (its latest complete checkpoint): its weights, "
+        "tokenizer, chat template and protocol (a typed model.name_or_path or protocol that contradicts it is "
+        "refused; see protocol.override_checkpoint)",
     )
 
     def __post_init__(self) -> None:

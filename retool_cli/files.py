@@ -128,7 +128,7 @@ def read_parquet(path: str | Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+        return pq.read_table(path).to_pylist()
     except (pyarrow.ArrowException, OSError) as exc:
         size = Path(path).stat().st_size
         raise DataError(

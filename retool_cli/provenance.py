@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli import __version__
+from retool_cli.checkpoint_paths import read_record, resolve_checkpoint
 from retool_cli.config import DataConfig, RetoolConfig
+from retool_cli.errors import ConfigError
 from retool_cli.files import sha256_file
 
 PACKAGES = (
@@ -143,5 +145,20 @@ def provenance(config: RetoolConfig, argv: list[str]) -> dict[str, Any]:
         "versions": package_versions(),
         "seed": config.seed,
         "data": data_files(config),
+        "checkpoint": checkpoint_record(config),
         "executable": sys.executable,
     }
+
+
+def checkpoint_record(config: RetoolConfig) -> dict[str, Any] | None:
+    """The checkpoint the command starts from (ckpt, trainer.init_from) and what it was trained with; None when
+    there is none (or it is unusable: the command reports that itself)."""
+    key, value = ("trainer.init_from", config.trainer.init_from) if config.command == "train" else ("ckpt", config.ckpt)
+    if not value or config.command not in ("train", "eval", "filter-pass-rate"):
+        return None
+    try:
+        folder = resolve_checkpoint(value, key)
+        record = read_record(folder) or {}
+    except ConfigError:
+        return None
+    return {"key": key, "path": str(folder.resolve()), **{k: v for k, v in record.items() if k != "files"}}

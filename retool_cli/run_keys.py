@@ -56,7 +56,7 @@ def config_key(cfg: RetoolConfig) -> str:
 def weights_fingerprint(path: str) -> list[Any]:
     """Name, size and modification time of a local model's weight files (a run folder: its latest checkpoint's);
     [] for a hub id. Cheap at any model size (no hashing of the weights)."""
-    from retool_cli.rl.checkpoints import latest_checkpoint  # torch: imported by the commands that need keys
+    from retool_cli.checkpoint_paths import latest_checkpoint
 
     folder = Path(path)
     if (folder / "checkpoints").is_dir():

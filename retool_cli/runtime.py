@@ -11,18 +11,19 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from retool_cli import run_lock
-from retool_cli.config import ProtocolName, RetoolConfig, RolloutEngine
+from retool_cli.checkpoint_paths import protocol_of, read_record, resolve_checkpoint, same_model
+from retool_cli.config import ProtocolConfig, ProtocolName, RetoolConfig, RolloutEngine
 from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CodeInterpreter
-from retool_cli.eval.sampling import resolve_checkpoint
+from retool_cli.errors import ConfigError
 from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
 from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
@@ -31,11 +32,61 @@ from retool_cli.run_keys import find_resumable, write_key
 log = logging.getLogger(__name__)
 
 
-def with_checkpoint(config: RetoolConfig) -> RetoolConfig:
-    """`ckpt=` (a checkpoint, or a training run folder's latest) becomes the model to load."""
-    if not config.ckpt:
+def from_checkpoint(config: RetoolConfig, typed: set[str] | None = None) -> RetoolConfig:
+    """The checkpoint a command starts from (`ckpt=` in eval and filter-pass-rate, `trainer.init_from` in train;
+    a run folder: its latest complete one) becomes the model, with the tokenizer, chat template and protocol it
+    was trained with. A model or protocol typed on the command line (`typed`: the keys and groups typed there,
+    default: this Hydra job's) that contradicts the checkpoint is an error naming both; one that comes from a
+    recipe or a default gives way to the checkpoint."""
+    key, value = ("trainer.init_from", config.trainer.init_from) if config.command == "train" else ("ckpt", config.ckpt)
+    if not value:
         return config
-    return replace(config, model=replace(config.model, name_or_path=str(resolve_checkpoint(config.ckpt))))
+    typed = typed_keys() if typed is None else typed
+    folder = resolve_checkpoint(value, key)
+    record = read_record(folder) or {}
+    model, trained_from = config.model, record.get("base_model")
+    if trained_from and "model.name_or_path" in typed and not same_model(model.name_or_path, trained_from):
+        raise ConfigError(
+            f"model.name_or_path={model.name_or_path} contradicts {key}={value}, which was trained from "
+            f"{trained_from}: leave model.name_or_path out (the checkpoint's own weights, tokenizer and chat "
+            "template are used)"
+        )
+    if trained_from and not same_model(model.name_or_path, trained_from):
+        log.info("%s: a checkpoint of %s (model.name_or_path=%s set aside)", key, trained_from, model.name_or_path)
+    model = replace(
+        model, name_or_path=str(folder), tokenizer_class=model.tokenizer_class or record.get("tokenizer_class")
+    )
+    return replace(config, model=model, protocol=checkpoint_protocol(config, record, key, value, typed))
+
+
+def checkpoint_protocol(
+    config: RetoolConfig, record: dict[str, Any], key: str, value: str, typed: set[str]
+) -> ProtocolConfig:
+    """The protocol to run a checkpoint under: the one it was trained with, unless protocol.override_checkpoint."""
+    trained, ours = protocol_of(record), config.protocol
+    if trained is None or ours.override_checkpoint or replace(trained, override_checkpoint=False) == ours:
+        return ours
+    typed_here = sorted(k for k in typed if k == "protocol" or k.startswith("protocol."))
+    if typed_here:
+        differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(trained, f.name)]
+        raise ConfigError(
+            f"{typed_here[0]} contradicts {key}={value}, trained with protocol={trained.name.value} (differing: "
+            f"protocol.{', protocol.'.join(differ)}): leave it out to run the checkpoint as trained, or set "
+            "protocol.override_checkpoint=true to run it under this one on purpose"
+        )
+    log.info("%s: running under the protocol it was trained with (protocol=%s)", key, trained.name.value)
+    return trained
+
+
+def typed_keys() -> set[str]:
+    """The keys and config groups typed on this Hydra job's command line ({} outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:
+        return set()
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
 
 
 def training_precision(config: RetoolConfig) -> RetoolConfig:

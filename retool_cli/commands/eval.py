@@ -25,14 +25,14 @@ from retool_cli.files import write_json
 from retool_cli.model.loading import load_tokenizer
 from retool_cli.provenance import data_record, package_versions
 from retool_cli.run_keys import config_key, setting_key, training_record
-from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
+from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 EVAL_OUTPUTS = ("samples.jsonl", "results.json")  # what eval.resume=false replaces in its folder
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
-    config = with_checkpoint(config)  # a training checkpoint replaces the model; its step labels the report
+    config = from_checkpoint(config)  # a training checkpoint replaces the model; its step labels the report
     problems, _ = load_benchmark(config)
     bench = config.benchmark
     torch.manual_seed(config.seed)

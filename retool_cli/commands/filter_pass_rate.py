@@ -22,14 +22,14 @@ from retool_cli.eval.sampling import SamplingPlan, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
 from retool_cli.model.loading import load_tokenizer
 from retool_cli.run_keys import config_key
-from retool_cli.runtime import open_runtime, run_folder, with_checkpoint
+from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.filter
-    config = with_checkpoint(config)
+    config = from_checkpoint(config)
     problems = load_examples(cfg.input, "filter.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]
     out_dir = run_folder(config, run_dir, config_key(config), "pass_rates.jsonl")

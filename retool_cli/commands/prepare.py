@@ -11,6 +11,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -33,10 +34,27 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)  # an earlier prepare into this folder that did not finish
     train, dev, stats = prepare_dataset(data, config.seed)
     outputs = {"train.jsonl": train, "dev.jsonl": dev}
-    for written, (name, examples) in enumerate(outputs.items(), start=1):
-        write_jsonl(staging / name, [e.to_dict() for e in examples])
-        die_if_due("file", written)  # the all-or-none test's fault injection (RETOOL_DIE_AFTER=file:N)
-    manifest = {
+    try:
+        for written, (name, examples) in enumerate(outputs.items(), start=1):
+            write_jsonl(staging / name, [e.to_dict() for e in examples])
+            die_if_due("file", written)  # the all-or-none test's fault injection (RETOOL_DIE_AFTER=file:N)
+        write_json(staging / "manifest.json", _manifest(config, stats, staging, outputs, started))
+    except Exception:  # a full disk, say: nothing was placed yet, so nothing of this run stays
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for placed, name in enumerate([*outputs, "manifest.json"], start=1):
+        (staging / name).replace(run_dir / name)
+        die_if_due("placed", placed)
+    staging.rmdir()
+    _print_summary(data.name, stats, run_dir)
+
+
+def _manifest(
+    config: RetoolConfig, stats: PrepareStats, staging: Path, outputs: dict[str, list], started: float
+) -> dict[str, Any]:
+    """manifest.json: what was read, kept and dropped, each file's rows and sha256, the config."""
+    data = config.data
+    return {
         "retool_version": __version__,
         "source": data.source.value,
         "name": data.name,
@@ -57,12 +75,6 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    write_json(staging / "manifest.json", manifest)
-    for placed, name in enumerate([*outputs, "manifest.json"], start=1):
-        (staging / name).replace(run_dir / name)
-        die_if_due("placed", placed)
-    staging.rmdir()
-    _print_summary(data.name, stats, run_dir)
 
 
 def _print_summary(name: str, stats: PrepareStats, run_dir: Path) -> None:

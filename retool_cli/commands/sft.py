@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from retool_cli import stops
+from retool_cli.checkpoint_paths import latest_checkpoint, record_of
 from retool_cli.config import RetoolConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.data.traces import Trace, file_traces, synthetic_traces
@@ -20,7 +21,7 @@ from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.model.loading import load_policy, load_tokenizer
-from retool_cli.rl.checkpoints import MetricsLog, latest_checkpoint, load_trainer_state, plot_metrics, save_checkpoint
+from retool_cli.rl.checkpoints import MetricsLog, load_trainer_state, plot_metrics, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.run_keys import config_key
@@ -81,7 +82,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     traces = sft_traces(config, tokenizer)  # a bad or empty file fails before the model loads
     resume, outputs = cfg.resume == "auto", ("metrics.jsonl", "checkpoints", "final.txt", "sft.png")
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=resume, outputs=outputs)
-    checkpoint = latest_checkpoint(out_dir) if cfg.resume == "auto" else None
+    checkpoint = latest_checkpoint(out_dir, log.warning) if cfg.resume == "auto" else None
     lora = config.model.lora_rank > 0  # a LoRA run resumes from its base weights plus the checkpoint's adapter
     source = str(checkpoint) if checkpoint and not lora else config.model.name_or_path
     adapter = checkpoint / "adapter" if checkpoint and lora else None
@@ -115,7 +116,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             stop = stops.requested()
             if step % cfg.save_every == 0 or step == cfg.steps or (stop and config.trainer.save_on_signal):
                 state = {"cursor": 0, "batch_rng": rng.getstate()}
-                save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, state, keep_last=1)
+                save_checkpoint(out_dir, step, model, tokenizer, optimizer, scheduler, state, 1, record_of(config))
             die_if_due("step", step)  # the resume test's fault injection (RETOOL_DIE_AFTER=step:N)
             if stop:
                 log.warning("stopped after step %d (last checkpoint: %s)", step, latest_checkpoint(out_dir))

@@ -17,18 +17,18 @@ from rich.console import Console
 from rich.progress import Progress
 
 from retool_cli import run_lock, stops
+from retool_cli.checkpoint_paths import latest_checkpoint, record_of
 from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
-from retool_cli.eval.sampling import dev_eval, resolve_checkpoint
+from retool_cli.eval.sampling import dev_eval
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.rl.checkpoints import (
     MetricsLog,
-    latest_checkpoint,
     load_trainer_state,
     plot_metrics,
     rng_state,
@@ -50,7 +50,7 @@ from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
 from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
-from retool_cli.runtime import for_this_process, open_runtime, run_folder
+from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
 # what trainer.resume=never replaces in its folder
@@ -69,7 +69,7 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
     trained parameters are the adapters again."""
     t, lora = config.trainer, config.model.lora_rank > 0
-    initial = str(resolve_checkpoint(t.init_from)) if t.init_from else config.model.name_or_path
+    initial = config.model.name_or_path  # trainer.init_from's checkpoint (runtime.from_checkpoint) or the model
     source = str(checkpoint) if checkpoint and not lora else initial
     adapter = checkpoint / "adapter" if checkpoint and lora else None
     model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
@@ -93,6 +93,7 @@ def training_examples(config: RetoolConfig) -> tuple[list, list]:
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
+    config = from_checkpoint(config)  # trainer.init_from: the model, tokenizer and protocol it was trained with
     key = config_key(config)  # before the per-process changes below: every process must agree on it
     rank, size = init_distributed(t.collective_timeout_s)
     if size == 1:
@@ -112,7 +113,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
     run_dir = same_folder_everywhere(run_dir)  # rank 0's; every node must see it
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume == "auto", outputs=OUTPUTS)
-    checkpoint = latest_checkpoint(out_dir) if t.resume == "auto" else None
+    checkpoint = latest_checkpoint(out_dir, log.warning) if t.resume == "auto" else None
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     model, source = policy_for(config, checkpoint, sharded=t.fsdp and size > 1)
@@ -218,7 +219,16 @@ class Checkpointing:
         if self.rank == 0:
             t = self.config.trainer
             save_checkpoint(
-                self.out_dir, step, self.model, self.tokenizer, self.optimizer, self.scheduler, state, t.keep_last, full
+                self.out_dir,
+                step,
+                self.model,
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                state,
+                t.keep_last,
+                record_of(self.config),
+                full,
             )
         self.last = step
 

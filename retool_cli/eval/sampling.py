@@ -25,7 +25,6 @@ from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, p
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.files import append_jsonl, read_jsonl_log
 from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
-from retool_cli.rl.checkpoints import latest_checkpoint
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts, sample_row
 
 log = logging.getLogger(__name__)
@@ -44,19 +43,6 @@ def load_benchmark(cfg: RetoolConfig) -> tuple[list[MathExample], str | None]:
     else:
         problems = train + dev
     return (problems[: bench.max_problems] if bench.max_problems else problems), stats.resolved_revision
-
-
-def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint folder as is; a training run folder -> its latest complete checkpoints/step_N."""
-    folder = Path(path)
-    if (folder / "config.json").exists():
-        return folder
-    latest = latest_checkpoint(folder)
-    if latest is None:
-        raise ConfigError(
-            f"ckpt={path}: neither a checkpoint (no config.json) nor a run folder with a complete checkpoints/step_*"
-        )
-    return latest
 
 
 def training_step(path: str | None) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,12 +34,44 @@ def resolve_dtype(name: str, device: torch.device, key: str = "model.dtype") -> 
     return dtypes[name]
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # NAME or ORG/NAME
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 def model_path(cfg: ModelConfig) -> str:
+    """Where the model's files are: the tiny model's built folder, a local folder (checked: it exists), or a hub
+    id. A path that does not exist is never sent to the hub (a typo would become a minute of retries and a
+    hub error about repository names): only NAME or ORG/NAME that is not a local path is a hub id."""
     if cfg.name_or_path == "tiny":
         from retool_cli.model.tiny import tiny_model_path
 
         return str(tiny_model_path())
-    return cfg.name_or_path
+    name, path = cfg.name_or_path, Path(cfg.name_or_path).expanduser()
+    if not path.exists() and HUB_ID.fullmatch(name) and not name.startswith("."):
+        return name
+    if not path.exists():
+        raise ConfigError(f"model.name_or_path={name}: no such folder (a local path; hub ids are NAME or ORG/NAME)")
+    if not path.is_dir():
+        raise ConfigError(f"model.name_or_path={name}: a file; give the model's folder")
+    return str(path)
+
+
+def check_model_folder(path: str) -> None:
+    """A local model folder has config.json (from_pretrained's own error would be about the hub)."""
+    folder = Path(path)
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        hint = (
+            "; it is a run folder: pass it as trainer.init_from or ckpt, or give one of its checkpoints/step_N"
+            if (folder / "checkpoints").is_dir()
+            else ""
+        )
+        raise ConfigError(f"model.name_or_path={path}: no config.json, so not a model folder{hint}")
+
+
+def loading_error(what: str, path: str, exc: Exception) -> ConfigError:
+    """A failed from_pretrained as one line naming the folder (or hub id) and the library's reason."""
+    reason = (str(exc).strip().splitlines() or [""])[0][:300]
+    return ConfigError(f"model.name_or_path={path}: cannot load the {what} ({type(exc).__name__}: {reason})")
 
 
 def check_torchvision() -> None:
@@ -74,7 +107,16 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
             )
     else:
         tokenizer_class = transformers.AutoTokenizer
-    tokenizer = tokenizer_class.from_pretrained(path)  # type: ignore[attr-defined]  # checked above
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        check_model_folder(path)  # no config.json either: not a model folder at all (a run folder?)
+        raise ConfigError(
+            f"model.name_or_path={path}: no tokenizer files in the folder (any of {', '.join(TOKENIZER_FILES)})"
+        )
+    try:
+        tokenizer = tokenizer_class.from_pretrained(path)  # type: ignore[attr-defined]  # checked above
+    except (OSError, ValueError, TypeError) as exc:
+        raise loading_error("tokenizer", path, exc) from None
     if cfg.chat_template:
         template = Path(cfg.chat_template)
         if not template.is_file():
@@ -92,7 +134,12 @@ def load_model(cfg: ModelConfig) -> Any:
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path(cfg), dtype=dtype)
+    path = model_path(cfg)
+    check_model_folder(path)
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError, RuntimeError) as exc:  # missing or cut-short weights, an unknown architecture
+        raise loading_error("weights", path, exc) from None
     return model.to(device)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from retool_cli import stops
+from retool_cli.checkpoint_paths import checkpoints, write_record
 from retool_cli.errors import ConfigError
 from retool_cli.files import append_jsonl, read_jsonl_log, umask, write_jsonl
 from retool_cli.model.loading import is_lora, merged_state_dict
@@ -39,11 +40,13 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep_last: int,
+    record: dict[str, Any],
     full: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
 ) -> Path:
     """checkpoints/step_N/: the model in HF safetensors (loadable by from_pretrained and vLLM; LoRA adapters merged
     in, and also saved alone under adapter/), the tokenizer, and trainer_state.pt (optimizer, scheduler, RNG,
-    data cursor). `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
+    data cursor), and last the record of what it was trained with (`record`: checkpoint_paths.record_of) with
+    every file's size. `full`: the gathered model and optimizer state of a sharded (FSDP2) policy. Written to a
     temporary folder of this writer's own (pid and a random part), then renamed; a stop signal waits for it."""
     with stops.critical():
         root = run_dir / "checkpoints"
@@ -63,19 +66,12 @@ def save_checkpoint(
         optimizer_state = optimizer.state_dict() if optimizer_state is None else optimizer_state
         trainer_state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_state()}
         torch.save({**trainer_state, "step": step, **state}, staging / "trainer_state.pt")
+        write_record(staging, {"step": step, **record})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
-        for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-keep_last]:
+        for old in checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The run's latest complete checkpoint (checkpoints/step_N with its model and trainer state), or None. What
-    `sft`/`train` resume from and what `ckpt=RUN_FOLDER` evaluates."""
-    steps = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    complete = [p for p in steps if (p / "trainer_state.pt").exists() and (p / "config.json").exists()]
-    return complete[-1] if complete else None
 
 
 def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retool_cli.config import Isolation, RewardConfig, RolloutConfig, SandboxConfig
 from retool_cli.data.dataset import MathExample
@@ -164,6 +164,8 @@ REAL = [
 def test_sft_train_eval_on_a_real_vocabulary(
     protocol, train_engine, eval_engine, random_model, traces, tmp_path
 ) -> None:
+    """SFT names the model and protocol; train (trainer.init_from) and eval (ckpt=) name neither: they run with
+    the checkpoint's own tokenizer, chat template and protocol, and their checkpoints carry them on."""
     common = [*REAL, f"model.name_or_path={random_model}", f"protocol={protocol}"]
     vllm = ["rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_enforce_eager=true"]  # each start compiles again: 10-20 s
     run_retool(
@@ -173,18 +175,24 @@ def test_sft_train_eval_on_a_real_vocabulary(
     losses = [row["loss"] for row in read_jsonl(tmp_path / "sft" / "metrics.jsonl")]
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     run_retool(
-        "train", *common, f"rollout={train_engine}", *vllm, "trainer.init_from=sft", "trainer.total_steps=2",
+        "train", *REAL, f"rollout={train_engine}", *vllm, "trainer.init_from=sft", "trainer.total_steps=2",
         "trainer.save_every=2", "trainer.questions_per_step=2", "rollout.group_size=2",
         "rollout.max_response_tokens=24", "trainer.keep_rollouts=2", "hydra.run.dir=train", cwd=tmp_path, check=True,
     )  # fmt: skip
     rows = read_jsonl(tmp_path / "train" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/response_tokens"] > 0 for r in rows)
+    checkpoint = tmp_path / "train" / "checkpoints" / "step_2"
+    record = json.loads((checkpoint / "retool_checkpoint.json").read_text())
+    assert record["base_model"] == str(random_model) and record["protocol"]["name"] == protocol
+    saved = AutoTokenizer.from_pretrained(checkpoint)
+    assert saved.get_vocab() == load_real_tokenizer("qwen2.5-instruct").get_vocab()  # the real vocabulary, not tiny's
+    assert saved.chat_template == load_real_tokenizer("qwen2.5-instruct").chat_template
     run_retool(
-        "eval", *common, f"rollout={eval_engine}", *vllm, "ckpt=train", "benchmark.max_problems=2",
+        "eval", *REAL, f"rollout={eval_engine}", *vllm, "ckpt=train", "benchmark.max_problems=2",
         "benchmark.n_samples=2", "benchmark.max_response_tokens=24", "eval.bootstrap=100", "hydra.run.dir=eval",
         cwd=tmp_path, check=True,
     )  # fmt: skip
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
-    assert results["protocol"]["engine"] == eval_engine
+    assert results["protocol"]["engine"] == eval_engine and results["protocol"]["tool_protocol"] == protocol
     samples = read_jsonl(tmp_path / "eval" / "samples.jsonl")
     assert len(samples) == 4 and all(s["prompt_tokens"] > 0 for s in samples)

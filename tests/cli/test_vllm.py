@@ -107,6 +107,7 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
     goes through)."""
     from transformers import AutoTokenizer
 
+    from retool_cli.checkpoint_paths import latest_checkpoint
     from retool_cli.config import (
         Isolation,
         ModelConfig,
@@ -122,7 +123,6 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
     from retool_cli.env.sandbox import Sandbox
     from retool_cli.env.tools import CodeInterpreter
     from retool_cli.model.loading import load_model
-    from retool_cli.rl.checkpoints import latest_checkpoint
     from retool_cli.rollout.agent import run_rollouts
     from retool_cli.rollout.vllm_engine import VLLMEngine
     from tests.unit.test_schedules import Delayed, jittered

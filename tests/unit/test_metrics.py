@@ -61,9 +61,9 @@ def test_majority_clusters_by_equivalence_and_breaks_ties_by_first_seen() -> Non
 
 
 def test_resolve_checkpoint_and_step(tmp_path) -> None:
+    from retool_cli.checkpoint_paths import latest_checkpoint, resolve_checkpoint
     from retool_cli.errors import ConfigError
-    from retool_cli.eval.sampling import resolve_checkpoint, training_step
-    from retool_cli.rl.checkpoints import latest_checkpoint
+    from retool_cli.eval.sampling import training_step
 
     for step in (5, 100, 20, 200):
         folder = tmp_path / "run" / "checkpoints" / f"step_{step}"
@@ -71,12 +71,15 @@ def test_resolve_checkpoint_and_step(tmp_path) -> None:
         (folder / "config.json").write_text("{}")
         if step != 200:  # step_200 lacks its trainer state: not a complete checkpoint (resume skips it too)
             (folder / "trainer_state.pt").write_bytes(b"")
-    assert resolve_checkpoint(str(tmp_path / "run")).name == "step_100"  # the latest complete, not the last listed
-    assert latest_checkpoint(tmp_path / "run") == resolve_checkpoint(str(tmp_path / "run"))  # one definition
-    assert resolve_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_5")).name == "step_5"
+    run = str(tmp_path / "run")
+    assert resolve_checkpoint(run, "ckpt").name == "step_100"  # the latest complete, not the last listed
+    assert latest_checkpoint(tmp_path / "run") == resolve_checkpoint(run, "ckpt")  # one definition
+    assert resolve_checkpoint(f"{run}/checkpoints/step_5", "ckpt").name == "step_5"
     assert training_step(str(tmp_path / "run" / "checkpoints" / "step_20")) == 20 and training_step("gpt2") is None
-    with pytest.raises(ConfigError, match="neither a checkpoint"):
-        resolve_checkpoint(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^trainer.init_from=.*neither a model folder"):
+        resolve_checkpoint(str(tmp_path), "trainer.init_from")
+    with pytest.raises(ConfigError, match=r"^ckpt=.*no such folder"):
+        resolve_checkpoint(str(tmp_path / "nowhere"), "ckpt")
 
 
 def test_paired_difference_by_hand() -> None:

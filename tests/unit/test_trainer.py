@@ -78,6 +78,7 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
         build_scheduler(optimizer, 0, 3, "constant"),
         {"cursor": 0},
         keep_last=1,
+        record={"command": "sft", "base_model": "tiny"},
     )
     assert (folder / "adapter" / "adapter_config.json").exists()
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -1,0 +1,136 @@
+"""One test per kind of mistake a user makes, on the real command line: exit status 1, one message naming the key
+or file (and line), no traceback, and no run folder left behind. The cases are of each kind, not a list of
+known ones: the checks they exercise are general (every data read, every model folder, every config key)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from retool_cli.checkpoint_paths import record_of, write_record
+from retool_cli.config import RetoolConfig
+from retool_cli.env.sandbox import bwrap_usable
+from tests.helpers import run_retool, write_jsonl
+
+SMOKE = ["recipe=dapo_smoke", "data.synthetic.num_examples=40", "data.dev_size=4"]
+ROW = {"problem": "What is 1+1?", "answer": "2"}
+
+
+def latin1_file(tmp: Path) -> str:
+    path = write_jsonl(tmp / "mixed.jsonl", [ROW, {**ROW, "answer": "3"}])
+    with open(path, "ab") as handle:
+        handle.write(b'{"problem": "Combien co\xfbte 3 \xb0C ?", "answer": "3"}\n')
+    return str(path)
+
+
+def corrupt_parquet(tmp: Path) -> str:
+    path = tmp / "traces.parquet"
+    path.write_bytes(b"PAR1" + os.urandom(300))  # the magic number, then garbage: a copy gone wrong
+    return str(path)
+
+
+def tiny_folder(tmp: Path) -> Path:
+    from retool_cli.model.tiny import tiny_model_path
+
+    folder = tmp / "checkpoints" / "step_7"
+    shutil.copytree(tiny_model_path(), folder)
+    return folder
+
+
+def cut_short_checkpoint(tmp: Path) -> str:
+    folder = tiny_folder(tmp)
+    write_record(folder, {"step": 7, **record_of(RetoolConfig(command="sft"))})
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    return str(folder)
+
+
+def no_tokenizer_files(tmp: Path) -> str:
+    folder = tiny_folder(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    return str(folder)
+
+
+def malformed_recipe(tmp: Path) -> str:
+    (tmp / "conf" / "recipe").mkdir(parents=True)
+    (tmp / "conf" / "recipe" / "mine.yaml").write_text("trainer:\n  lr: 1e-5\n\tquestions_per_step: 4\n")
+    return str(tmp / "conf")
+
+
+CASES: dict[str, tuple[str, Callable[[Path], list[str]], str]] = {
+    # kind: (command, arguments given a scratch folder, what the message must say)
+    "non-UTF-8 data": ("prepare", lambda t: ["data=file", f"data.path={latin1_file(t)}"], "mixed.jsonl:3: not UTF-8"),
+    "damaged parquet": (
+        "sft",
+        lambda t: [f"sft.traces_file={corrupt_parquet(t)}"],
+        "traces.parquet: not a readable parquet",
+    ),
+    "missing model folder": (
+        "eval",
+        lambda t: ["model.name_or_path=../models/qwen-sft"],
+        "model.name_or_path=../models/qwen-sft: no such folder",
+    ),
+    "run folder as a model": (
+        "sft",
+        lambda t: [f"model.name_or_path={tiny_folder(t).parents[1]}"],
+        "pass it as trainer.init_from or ckpt",
+    ),
+    "cut-short checkpoint": ("eval", lambda t: [f"ckpt={cut_short_checkpoint(t)}"], "model.safetensors has 4096 bytes"),
+    "cut-short init_from": ("train", lambda t: [f"trainer.init_from={cut_short_checkpoint(t)}"], "trainer.init_from="),
+    "checkpoint without tokenizer": ("eval", lambda t: [f"ckpt={no_tokenizer_files(t)}"], "no tokenizer files"),
+    "malformed recipe": ("train", lambda t: ["--config-dir", malformed_recipe(t), "recipe=mine"], "mine.yaml:3:"),
+    "unknown key": (
+        "train",
+        lambda t: ["+rollout.samples_per_prompt=4"],
+        "rollout.samples_per_prompt: not a config key",
+    ),
+    "learns nothing": ("train", lambda t: ["rollout.group_size=1"], "rollout.group_size: 1"),
+    "negative value": ("sft", lambda t: ["sft.warmup_steps=-5"], "sft.warmup_steps: must be >= 0"),
+    "zero shards": ("filter-pass-rate", lambda t: ["shard.count=0"], "shard.count: must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_each_kind_of_mistake_is_one_clear_line_and_leaves_nothing(kind: str, tmp_path: Path) -> None:
+    command, arguments, says = CASES[kind]
+    proc = run_retool(command, *SMOKE, *arguments(tmp_path), "hydra.run.dir=run", cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert says in " ".join(out.split()), out  # (the log wraps long lines)
+    assert "Traceback" not in out and "Error executing job" not in out, out
+    assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()
+
+
+BWRAP_OK, BWRAP_WHY = bwrap_usable()
+
+
+def in_jail(mount: list[str], shell: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`shell` with the whole file system as it is except `mount` (bubblewrap: a read-only or a tiny folder)."""
+    jail = ["bwrap", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *mount, "sh", "-c", shell]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    return subprocess.run(jail, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not BWRAP_OK, reason=f"needs bubblewrap to mount a read-only or a full folder: {BWRAP_WHY}")
+def test_a_read_only_or_full_disk_says_so(tmp_path: Path) -> None:
+    retool = f"{sys.executable} -m retool_cli prepare recipe=dapo_smoke"  # 2000 problems: 380 KB written
+    (tmp_path / "ro").mkdir()
+    proc = in_jail(
+        ["--ro-bind", str(tmp_path / "ro"), str(tmp_path / "ro")], f"{retool} hydra.run.dir=ro/run", tmp_path
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "hydra.run.dir=ro/run" in out and "read-only file system" in out, out
+    assert "Traceback" not in out
+    (tmp_path / "small").mkdir()  # 48 KiB: Hydra's files fit, the prepared data does not
+    shell = f"{retool} hydra.run.dir=small/run; echo exit=$?; ls -A small"
+    proc = in_jail(["--size", str(48 << 10), "--tmpfs", str(tmp_path / "small")], shell, tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "No space left on device" in out and "exit=1" in out and "Traceback" not in out, out
+    assert out.rstrip().endswith("exit=1"), out  # and nothing left in the folder
