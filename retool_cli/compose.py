@@ -93,7 +93,27 @@ def to_config(cfg: DictConfig) -> RetoolConfig:
     unknown = list(unknown_keys(cfg, RetoolConfig))
     if unknown:
         raise ConfigError(f"{'; '.join(unknown)}; `retool {cfg.get('command', 'COMMAND')} --help` lists the keys")
-    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except ConfigError as exc:
+        raise ConfigError(_where(str(exc), cfg)) from None
+
+
+def _where(message: str, cfg: DictConfig) -> str:
+    """A data section's check names `data.KEY`; when it was `benchmark.data` that failed, say so."""
+    benchmark_data = cfg.get("benchmark", {}).get("data") if message.startswith("data.") else None
+    if benchmark_data is None:
+        return message
+    try:
+        OmegaConf.to_object(cfg.data)
+    except ConfigError:
+        return message  # the `data` section itself
+    try:
+        OmegaConf.to_object(benchmark_data)
+    except ConfigError as exc:
+        if str(exc) == message:
+            return f"benchmark.{message}"
+    return message
 
 
 def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Iterator[str]:

@@ -83,6 +83,11 @@ class DataConfig:
     dev_size: int = doc(0, "examples split off into dev.jsonl (by seed) after dedupe")
     max_examples: int | None = doc(None, "keep at most this many training examples (after the split)")
     synthetic: SyntheticConfig = doc(help="the built-in task (source=synthetic)", factory=SyntheticConfig)
+    allow_unreadable_answers: bool = doc(
+        False,
+        "`retool prepare`: keep examples whose reference answer the judge cannot match even to itself (an empty "
+        "box, a bare \\text{}); they score 0 whatever the answer. Off: prepare refuses the data, naming them",
+    )
 
     def __post_init__(self) -> None:
         _check(self.dev_size >= 0, "data.dev_size", f"must be >= 0, got {self.dev_size}")

@@ -169,3 +169,6 @@ class Judge(Protocol):
         """(reference, answer) pairs -> verdicts, in input order."""
 
     def is_equivalent(self, gold: str, pred: str) -> bool: ...
+
+    def readable_many(self, golds: list[str]) -> list[bool]:
+        """Whether each reference answer reads as math (an unreadable one scores 0 whatever the answer)."""

@@ -19,7 +19,9 @@ from rich.table import Table
 
 from retool_cli import __version__
 from retool_cli.config import RetoolConfig
-from retool_cli.data.dataset import STAGING_FOLDER, PrepareStats, prepare_dataset
+from retool_cli.data.dataset import STAGING_FOLDER, MathExample, PrepareStats, prepare_dataset
+from retool_cli.env.reward import unreadable_answers
+from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due
 from retool_cli.files import sha256_file, write_json, write_jsonl
 
@@ -33,12 +35,13 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     staging = run_dir / STAGING_FOLDER
     shutil.rmtree(staging, ignore_errors=True)  # an earlier prepare into this folder that did not finish
     train, dev, stats = prepare_dataset(data, config.seed)
+    unreadable = check_answers(config, train + dev)
     outputs = {"train.jsonl": train, "dev.jsonl": dev}
     try:
         for written, (name, examples) in enumerate(outputs.items(), start=1):
             write_jsonl(staging / name, [e.to_dict() for e in examples])
             die_if_due("file", written)  # the all-or-none test's fault injection (RETOOL_DIE_AFTER=file:N)
-        write_json(staging / "manifest.json", _manifest(config, stats, staging, outputs, started))
+        write_json(staging / "manifest.json", _manifest(config, stats, unreadable, staging, outputs, started))
     except Exception:  # a full disk, say: nothing was placed yet, so nothing of this run stays
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -49,8 +52,24 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     _print_summary(data.name, stats, run_dir)
 
 
+def check_answers(config: RetoolConfig, examples: list[MathExample]) -> int:
+    """How many reference answers no answer can match; refused unless data.allow_unreadable_answers."""
+    bad = [examples[i] for i in unreadable_answers([e.answer for e in examples], config.reward)]
+    if not bad:
+        return 0
+    shown = "; ".join(f"{e.id}: {e.answer!r}" for e in bad[:3]) + (" ..." if len(bad) > 3 else "")
+    if not config.data.allow_unreadable_answers:
+        raise DataError(
+            f"{len(bad)} of {len(examples)} examples have a reference answer the judge cannot match even to itself "
+            f"({shown}): every answer would score 0 on them. Fix or drop them, or keep them with "
+            "data.allow_unreadable_answers=true"
+        )
+    log.warning("%d examples kept with a reference answer no answer can match (%s)", len(bad), shown)
+    return len(bad)
+
+
 def _manifest(
-    config: RetoolConfig, stats: PrepareStats, staging: Path, outputs: dict[str, list], started: float
+    config: RetoolConfig, stats: PrepareStats, unreadable: int, staging: Path, outputs: dict[str, list], started: float
 ) -> dict[str, Any]:
     """manifest.json: what was read, kept and dropped, each file's rows and sha256, the config."""
     data = config.data
@@ -70,6 +89,7 @@ def _manifest(
             "dev": stats.kept_dev,
             "dropped": dict(stats.dropped),
             "repaired": dict(stats.repaired),
+            "unreadable_answers": unreadable,
         },
         "files": {name: {"rows": len(ex), "sha256": sha256_file(staging / name)} for name, ex in outputs.items()},
         "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),

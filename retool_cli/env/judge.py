@@ -35,6 +35,9 @@ _SET_BUILDER = re.compile(r"^\\\{\s*([A-Za-z])\s*(?:\\in\s*\\mathbb\{?R\}?\s*)?(
 # a number with comma thousands separators (1,000 and 7,425,000; not 0,111 nor 26,25); reward.py uses it too
 THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")
 _SPACED_THOUSANDS = re.compile(r"^-?[1-9]\d{0,2}(?:(?:\\,|\\ |~| )\d{3})+(?:\.\d+)?$")
+# LaTeX's `{,}` between a digit and exactly three more is a thousands separator (a decimal comma has other counts)
+_BRACED_THOUSANDS = re.compile(r"(?<=\d)\{,\}(?=\d{3}(?!\d))")
+_PLUS_MINUS = re.compile(r"\\pm(?![a-z])|\\mp(?![a-z])")
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 _DECIMAL = re.compile(r"^-?\d*\.\d+$")
 _MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}$")
@@ -70,6 +73,7 @@ def read_answer(answer: str, other: str) -> str:
     text = answer.strip()
     for char, latex in _UNICODE.items():
         text = text.replace(char, latex)
+    text = _BRACED_THOUSANDS.sub("", text)  # (1{,}000, 2{,}500): separators inside numbers, not between them
     text = text.replace(",\\!", ",").replace("{,}", ",").strip()
     if text.endswith(".") and not text.endswith("\\."):  # a sentence's full stop
         text = text[:-1].rstrip()
@@ -80,6 +84,9 @@ def read_answer(answer: str, other: str) -> str:
     spaced = re.sub(r"\\[,;:! ]", " ", text).replace("\\left\\{", "\\{").replace("\\right\\}", "\\}")
     if match := _SET_BUILDER.match(spaced):
         return match.group(2)  # {x | x > 2} is read as x > 2, which is compared with sets as a set
+    if len(_PLUS_MINUS.findall(text)) == 1:  # \frac{-3 \pm \sqrt{5}}{2}: the two values it stands for
+        plus, minus = _PLUS_MINUS.sub("+", text), _PLUS_MINUS.sub("-", text)
+        text = f"{plus}, {minus}" if not text.startswith(("\\{", "(", "[")) else text
     if _TRIG.search(text):  # sin 60^\\circ is read in degrees (math-verify drops the mark: sin of 60 radians)
         text = _DEGREES.sub(r"(\\frac{\1\\pi}{180})", text)
     text = _PERCENT_WORD.sub(r"\1\\%", text)
@@ -299,6 +306,12 @@ def judge(gold: str, pred: str) -> bool:
     return _settle_decimals(g[0], p[0], verdict or _same_equation(g[0], p[0]), gold_latex)
 
 
+def readable(gold: str) -> bool:
+    """Whether a reference answer can be matched at all: one the judge does not find equal even to itself (an
+    empty box, a bare `\\text{}`) scores 0 against every answer."""
+    return judge(gold, gold)
+
+
 def plain_math_verify(gold: str, pred: str, as_math: bool = False) -> bool:
     """The peer the judge is measured against: `verify(parse(gold), parse(pred))` with math-verify's defaults,
     reading the answers as they are or (`as_math`) inside `$...$`; an exception is a False verdict."""
@@ -362,7 +375,8 @@ def _bracket_depth(text: str) -> int:
 
 
 def judge_worker_main() -> None:
-    """A judge process: one JSON line [gold, pred] in, one JSON line (the verdict) out."""
+    """A judge process: one JSON line [gold, pred] in, one JSON line (the verdict) out; [gold, null]: whether the
+    reference reads as math."""
     import logging
     import signal
 
@@ -379,7 +393,7 @@ def judge_worker_main() -> None:
         for line in sys.stdin:
             gold, pred = json.loads(line)
             try:
-                verdict = judge(gold, pred)
+                verdict = judge(gold, pred) if pred is not None else readable(gold)
             except Exception:
                 verdict = False
             print(json.dumps(verdict), flush=True)

@@ -168,7 +168,7 @@ class _JudgeProcess:
                 raise RuntimeError("math-verify worker failed to start")
             self.ready = True
 
-    def verify(self, gold: str, pred: str, timeout_s: float) -> bool | None:
+    def verify(self, gold: str, pred: str | None, timeout_s: float) -> bool | None:
         """The verdict, or None on timeout (the caller then kills this process)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([gold, pred]) + "\n")
@@ -229,7 +229,19 @@ class Verifier:
         """Verdicts in input order; slow pairs run concurrently over the worker processes."""
         return list(self._pool.map(lambda pair: self.verify(*pair), pairs))
 
-    def _slow(self, gold: str, pred: str) -> Verdict:
+    def readable_many(self, golds: list[str]) -> list[bool]:
+        """Whether each reference answer reads as math (one that does not is judged wrong against every answer,
+        so a benchmark or a training set must say how many it has). A number is; the rest ask the judge."""
+
+        def one(gold: str) -> bool:
+            if exact_number(normalize_answer(gold)) is not None:
+                return True
+            verdict = self._slow(gold, None)
+            return verdict.equivalent or verdict.timed_out  # a reading that ran out of time is not "unreadable"
+
+        return list(self._pool.map(one, golds))
+
+    def _slow(self, gold: str, pred: str | None) -> Verdict:
         process = self._idle.get()
         try:
             process.wait_ready()
@@ -277,6 +289,15 @@ class Verifier:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def unreadable_answers(golds: list[str], cfg: RewardConfig) -> list[int]:
+    """Indices of the reference answers no answer can match (Verifier.readable_many); the judge's processes
+    start only when some reference is not a plain number."""
+    if all(exact_number(normalize_answer(g)) is not None for g in golds):
+        return []
+    with Verifier(cfg.judge_timeout_s, cfg.judge_workers) as verifier:
+        return [i for i, ok in enumerate(verifier.readable_many(golds)) if not ok]
 
 
 _default_verifier: Verifier | None = None

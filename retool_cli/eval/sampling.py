@@ -179,6 +179,17 @@ def summarize(
             }
         )  # majority_answer: the majority of all n samples
     acc = avg_at_k(correct, bootstrap=bootstrap, seed=seed)
+    unreadable = [
+        p.id for p, ok in zip(problems, verifier.readable_many([p.answer for p in problems]), strict=True) if not ok
+    ]
+    if unreadable:
+        log.warning(
+            "%d of %d problems have a reference answer the judge cannot match even to itself (scored 0 whatever "
+            "the answer; counted as unreadable_references): %s",
+            len(unreadable),
+            len(problems),
+            ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else ""),
+        )
     calls = sum(r["code_calls"] for r in flat)
     metrics: dict[str, Any] = {
         f"avg@{n}": acc.mean,
@@ -198,6 +209,7 @@ def summarize(
         "code_timeout_rate": sum(r["code_timeouts"] for r in flat) / calls if calls else 0.0,
         "response_tokens": mean([r["response_tokens"] for r in flat]),
         "judge_timeouts": sum(bool(r["judge_timed_out"]) for r in flat),
+        "unreadable_references": len(unreadable),  # problems no answer can be right on (see the warning)
         # samples the infrastructure failed (a dead sandbox worker, a dropped request, a deadline, the judge's
         # time-out), counted as wrong in the accuracy above: a rerun of those problems settles them
         "void_samples": sum(bool(r.get("infra_failure")) for r in flat),

@@ -4,6 +4,7 @@ known ones: the checks they exercise are general (every data read, every model f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -64,6 +65,15 @@ def malformed_recipe(tmp: Path) -> str:
     return str(tmp / "conf")
 
 
+def unreadable_reference(tmp: Path) -> str:
+    rows = [
+        ROW,
+        {"problem": "Which shape has four equal sides?", "answer": "\\text{}"},
+        {"problem": "2+1?", "answer": "3"},
+    ]
+    return str(write_jsonl(tmp / "shapes.jsonl", rows))
+
+
 CASES: dict[str, tuple[str, Callable[[Path], list[str]], str]] = {
     # kind: (command, arguments given a scratch folder, what the message must say)
     "non-UTF-8 data": ("prepare", lambda t: ["data=file", f"data.path={latin1_file(t)}"], "mixed.jsonl:3: not UTF-8"),
@@ -93,6 +103,11 @@ CASES: dict[str, tuple[str, Callable[[Path], list[str]], str]] = {
     ),
     "learns nothing": ("train", lambda t: ["rollout.group_size=1"], "rollout.group_size: 1"),
     "negative value": ("sft", lambda t: ["sft.warmup_steps=-5"], "sft.warmup_steps: must be >= 0"),
+    "unreadable reference": (
+        "prepare",
+        lambda t: ["data=file", f"data.path={unreadable_reference(t)}", "data.dev_size=0"],
+        "1 of 3 examples have a reference answer the judge cannot match",
+    ),
     "zero shards": ("filter-pass-rate", lambda t: ["shard.count=0"], "shard.count: must be >= 1"),
 }
 
@@ -134,3 +149,16 @@ def test_a_read_only_or_full_disk_says_so(tmp_path: Path) -> None:
     out = " ".join((proc.stdout + proc.stderr).split())
     assert "No space left on device" in out and "exit=1" in out and "Traceback" not in out, out
     assert out.rstrip().endswith("exit=1"), out  # and nothing left in the folder
+
+
+def test_eval_counts_references_no_answer_can_match(tmp_path: Path) -> None:
+    """Kept on purpose (or from a benchmark file): eval says how many problems score 0 whatever the answer."""
+    benchmark = unreadable_reference(tmp_path)
+    args = ["benchmark=file", f"benchmark.data.path={benchmark}", "benchmark.n_samples=1"]
+    proc = run_retool("eval", *SMOKE, *args, "benchmark.max_response_tokens=16", "hydra.run.dir=ev", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 of 3 problems have a reference answer the judge cannot match" in " ".join(
+        (proc.stdout + proc.stderr).split()
+    )
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert results["metrics"]["unreadable_references"] == 1

@@ -203,3 +203,29 @@ def test_whole_responses_keep_math_verify_rounding(verifier: Verifier, gold: str
     the same values as a box's content are judged exactly (they are in the labelled set's hedges)."""
     assert verifier.is_equivalent(gold, f"The answer is ${pred}$.") is True
     assert verifier.is_equivalent(gold, pred) is False
+
+
+PLUS_MINUS_AND_BRACED_SEPARATORS = [
+    # a \pm inside an expression stands for its two values, against a list of both (either order, either side)
+    ("\\frac{-3 \\pm \\sqrt{5}}{2}", "\\frac{-3+\\sqrt{5}}{2}, \\frac{-3-\\sqrt{5}}{2}", True),
+    ("\\frac{1-\\sqrt{13}}{6}, \\frac{1+\\sqrt{13}}{6}", "\\frac{1 \\pm \\sqrt{13}}{6}", True),
+    ("x = \\frac{5 \\pm \\sqrt{7}}{3}", "\\frac{5+\\sqrt7}{3}, \\frac{5-\\sqrt7}{3}", True),
+    ("2 \\mp \\sqrt{2}", "2+\\sqrt2, 2-\\sqrt2", True),
+    ("\\frac{-3 \\pm \\sqrt{5}}{2}", "\\frac{-3+\\sqrt{5}}{2}", False),  # one root of two
+    ("\\frac{-3 \\pm \\sqrt{5}}{2}", "\\frac{3+\\sqrt{5}}{2}, \\frac{3-\\sqrt{5}}{2}", False),
+    # {,} between a digit and three more separates thousands, also inside tuples and sets
+    ("(1{,}000, 2{,}500)", "(1000, 2500)", True),
+    ("\\{12{,}345, 6\\}", "\\{6, 12345\\}", True),
+    ("(2500, 1000)", "(2{,}500, 1{,}000)", True),
+    ("(1{,}000, 2{,}500)", "(1000, 2501)", False),
+    ("(1{,}000, 2{,}500)", "(1, 0, 2, 500)", False),  # math-verify reads the separators as commas here
+    ("3{,}14", "3.14", True),  # two digits after: a decimal comma, as before
+]
+
+
+@pytest.mark.parametrize(("gold", "pred", "equal"), PLUS_MINUS_AND_BRACED_SEPARATORS)
+def test_plus_minus_expressions_and_braced_thousands_separators(
+    verifier: Verifier, gold: str, pred: str, equal: bool
+) -> None:
+    [verdict] = verifier.verify_many([(gold, pred)])
+    assert verdict.equivalent is equal
