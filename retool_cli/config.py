@@ -550,8 +550,17 @@ class SFTConfig:
     """Cold-start fine-tuning on code-interleaved traces (`retool sft`)."""
 
     steps: int = doc(1000, "optimizer steps")
-    lr: float = doc(2e-3, "AdamW learning rate")
+    lr: float = doc(
+        2e-3,
+        "AdamW learning rate. The default suits the tiny smoke model; a real model wants ~1e-5 (verl's ReTool "
+        "cold start; the 7B recipe's sft section), and sft warns when a real model runs with this one",
+    )
     batch_size: int = doc(64, "traces per optimizer step")
+    max_length: int | None = doc(
+        None,
+        "traces longer than this many tokens are left out (counted in the log); None keeps all (verl's ReTool "
+        "cold start: 16384)",
+    )
     warmup_steps: int = doc(50, "linear warm-up steps")
     schedule: str = doc("cosine", "constant | cosine (after warm-up)")
     weight_decay: float = doc(0.0, "AdamW weight decay")
@@ -572,6 +581,7 @@ class SFTConfig:
         _check(self.steps >= 1, "sft.steps", "must be >= 1")
         _check(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
         _check(self.log_every >= 1, "sft.log_every", f"must be >= 1, got {self.log_every}")
+        _check(self.max_length is None or self.max_length >= 1, "sft.max_length", "must be >= 1 (or null)")
         for key in ("warmup_steps", "weight_decay"):
             _check(getattr(self, key) >= 0, f"sft.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.save_every >= 1, "sft.save_every", "must be >= 1")

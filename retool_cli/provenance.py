@@ -116,7 +116,12 @@ def data_files(config: RetoolConfig) -> dict[str, dict[str, Any]]:
         return {"sft.traces_file": hub_record(hub_id, s.traces_revision, s.traces_split, "sft_traces")}
     elif c in ("sft", "train") and config.trainer.train_file:
         files = {"trainer.train_file": config.trainer.train_file}
-        sections = {"data": config.data} if c == "train" else {}  # train reads the dev split of `data` too
+        dev = Path(config.trainer.train_file).with_name("dev.jsonl")
+        if c == "train" and config.trainer.eval_every:  # periodic evals: the dev.jsonl beside, else `data`'s
+            if dev.is_file():
+                files["trainer.train_file dev.jsonl"] = str(dev)
+            else:
+                sections = {"data": config.data}
     elif c == "filter-pass-rate" and config.filter.input:
         files = {"filter.input": config.filter.input}
     elif c == "decontaminate" and config.decontam.input:

@@ -22,7 +22,7 @@ from retool_cli.eval.sampling import (
     training_step,
 )
 from retool_cli.files import write_json
-from retool_cli.model.loading import load_tokenizer
+from retool_cli.model.loading import load_tokenizer, resolve_device
 from retool_cli.provenance import data_record, package_versions
 from retool_cli.run_keys import config_key, setting_key, training_record
 from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
@@ -32,6 +32,7 @@ EVAL_OUTPUTS = ("samples.jsonl", "results.json")  # what eval.resume=false repla
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
+    resolve_device(config.model.device)  # a CUDA setting on a machine without CUDA: refused before anything loads
     config = from_checkpoint(config)  # a training checkpoint replaces the model; its step labels the report
     problems, _ = load_benchmark(config)
     bench = config.benchmark

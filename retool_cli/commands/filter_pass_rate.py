@@ -20,7 +20,7 @@ from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.eval.sampling import SamplingPlan, sample_problems
 from retool_cli.files import atomic_open, write_jsonl
-from retool_cli.model.loading import load_tokenizer
+from retool_cli.model.loading import load_tokenizer, resolve_device
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.filter
+    resolve_device(config.model.device)  # a CUDA setting on a machine without CUDA: refused before anything loads
     config = from_checkpoint(config)
     problems = load_examples(cfg.input, "filter.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]

@@ -14,7 +14,7 @@ import torch
 
 from retool_cli import stops
 from retool_cli.checkpoint_paths import latest_checkpoint, record_of
-from retool_cli.config import RetoolConfig
+from retool_cli.config import RetoolConfig, SFTConfig
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.data.traces import Trace, file_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
@@ -45,9 +45,32 @@ def sft_traces(config: RetoolConfig, tokenizer: Any) -> list[Trace]:
             else prepare_dataset(config.data, config.seed)[0]
         )
         traces = synthetic_traces(train, protocol, cfg.code_fraction, config.seed)
+    if cfg.max_length is not None:
+        kept = [t for t in traces if len(t.input_ids) <= cfg.max_length]
+        if len(kept) < len(traces):
+            log.warning(
+                "left out %d of %d traces longer than sft.max_length=%d",
+                len(traces) - len(kept),
+                len(traces),
+                cfg.max_length,
+            )
+        traces = kept
     if not traces:
         raise DataError(f"sft.traces_file={cfg.traces_file}: no traces to train on")
     return traces
+
+
+def warn_of_tiny_defaults(config: RetoolConfig) -> None:
+    """The SFT defaults fit the tiny smoke model (lr 2e-3 learns it in a minute, and would wreck a real one)."""
+    cfg, default = config.sft, SFTConfig()
+    if config.model.name_or_path != "tiny" and cfg.lr == default.lr:
+        log.warning(
+            "sft.lr=%g is the tiny smoke model's default; a pretrained model like %s wants ~1e-5 (verl's ReTool "
+            "cold start: lr 1e-5, batch 32, max length 16384; conf/recipe/retool_qwen2.5_7b.yaml has that sft "
+            "section)",
+            cfg.lr,
+            config.model.name_or_path,
+        )
 
 
 def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int) -> float:
@@ -78,6 +101,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     config = training_precision(config)
     cfg = config.sft
     torch.manual_seed(config.seed)
+    warn_of_tiny_defaults(config)
     tokenizer = load_tokenizer(config.model)
     traces = sft_traces(config, tokenizer)  # a bad or empty file fails before the model loads
     resume, outputs = cfg.resume == "auto", ("metrics.jsonl", "checkpoints", "final.txt", "sft.png")

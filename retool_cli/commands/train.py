@@ -26,7 +26,7 @@ from retool_cli.eval.sampling import dev_eval
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer
+from retool_cli.model.loading import load_policy, load_tokenizer, resolve_device
 from retool_cli.rl.checkpoints import (
     MetricsLog,
     load_trainer_state,
@@ -84,9 +84,18 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
 def training_examples(config: RetoolConfig) -> tuple[list, list]:
     """The training questions in this run's one seeded order (steps take consecutive slices), and the dev split
     of the `data` section for periodic evals. A bad or empty file fails here, naming its key."""
-    train_split, dev_split, _ = prepare_dataset(config.data, config.seed)
     t = config.trainer
-    examples = load_examples(t.train_file, "trainer.train_file") if t.train_file else train_split
+    if t.train_file:  # the `data` section is read only for the dev split of periodic evals, when none lies beside
+        examples = load_examples(t.train_file, "trainer.train_file")
+        dev_file = Path(t.train_file).with_name("dev.jsonl")
+        if not t.eval_every:
+            dev_split = []
+        elif dev_file.is_file():
+            dev_split = load_examples(str(dev_file), "trainer.train_file's dev.jsonl")
+        else:
+            dev_split = prepare_dataset(config.data, config.seed)[1]
+    else:
+        examples, dev_split, _ = prepare_dataset(config.data, config.seed)
     random.Random(config.seed).shuffle(examples)
     return examples, dev_split
 
@@ -100,10 +109,22 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         overrides = list(HydraConfig.get().overrides.task)
         layout = resolve_rendezvous(t, os.environ, typed_trainer_keys(overrides))
         if t.nproc > 1 or layout.nnodes > 1:  # relaunched through torchrun, joined with the other nodes
+            check_devices(config)  # once, here: not once per process, after they started
             return launch_processes(t, layout, overrides, run_dir)
         run_lock.claim(run_dir, "train")
     with peers_alive():
         train(for_this_process(config, rank, size), run_dir, key, rank, size)
+
+
+def check_devices(config: RetoolConfig) -> None:
+    """A run of trainer.nproc processes on CUDA needs as many CUDA devices here (model.device=cuda without
+    CUDA is refused by resolve_device)."""
+    device, nproc = resolve_device(config.model.device), config.trainer.nproc
+    if device.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise ConfigError(
+            f"trainer.nproc={nproc}: one CUDA device per process, and this machine has {torch.cuda.device_count()}; "
+            "lower trainer.nproc or run where the devices are"
+        )
 
 
 def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -> None:

@@ -162,3 +162,24 @@ def test_eval_counts_references_no_answer_can_match(tmp_path: Path) -> None:
     )
     results = json.loads((tmp_path / "ev" / "results.json").read_text())
     assert results["metrics"]["unreadable_references"] == 1
+
+
+def test_a_train_file_is_all_train_reads_without_periodic_evals(tmp_path: Path) -> None:
+    """trainer.train_file decides what is loaded: a `data` section that cannot load (here a missing file; offline,
+    a hub dataset) is not touched unless periodic evals need a dev split and none lies beside the file."""
+    from retool_cli.commands.train import training_examples
+    from retool_cli.config import DataConfig, DataSource, TrainerConfig
+    from retool_cli.errors import DataError
+
+    rows = [{"id": f"q{i}", "question": f"What is {i}+1?", "answer": str(i + 1), "data_source": "x"} for i in range(5)]
+    (tmp_path / "prep").mkdir()
+    train_file = str(write_jsonl(tmp_path / "prep" / "train.jsonl", rows))
+    unloadable = DataConfig(source=DataSource.file, path=str(tmp_path / "nowhere.jsonl"))
+    config = RetoolConfig(command="train", data=unloadable, trainer=TrainerConfig(train_file=train_file))
+    examples, dev = training_examples(config)
+    assert sorted(e.id for e in examples) == [f"q{i}" for i in range(5)] and dev == []
+    evals = RetoolConfig(command="train", data=unloadable, trainer=TrainerConfig(train_file=train_file, eval_every=5))
+    with pytest.raises(DataError, match="nowhere.jsonl"):
+        training_examples(evals)  # no dev.jsonl beside: the data section's dev split is needed
+    write_jsonl(tmp_path / "prep" / "dev.jsonl", rows[:2])
+    assert [e.id for e in training_examples(evals)[1]] == ["q0", "q1"]
