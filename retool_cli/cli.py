@@ -70,6 +70,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from retool_cli.provenance import provenance
 
     def task(cfg: DictConfig) -> None:
+        route_library_logs()
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         overrides = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
@@ -210,6 +211,44 @@ def discard_if_empty(run_dir: Path) -> bool:
         with contextlib.suppress(OSError):
             run_dir.parent.rmdir()
     return True
+
+
+# Libraries whose warnings reach the user through our log (once each), not through handlers of their own.
+_LIBRARIES = ("huggingface_hub", "datasets", "transformers", "urllib3", "filelock", "fsspec", "torch")
+
+
+class _OncePerMessage(logging.Filter):
+    """A library's warning once: the hub's retries repeat one message with other numbers (`Retrying in 2s
+    [Retry 2/5]`), and every new rank or engine repeats its start-up notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.split(".")[0] not in _LIBRARIES:
+            return True
+        import re
+
+        shape = re.sub(r"\d+", "N", record.getMessage())
+        if shape in self.seen:
+            return False
+        self.seen.add(shape)
+        return True
+
+
+def route_library_logs() -> None:
+    """Each library message once, in our log. The hub and `datasets` add a stderr handler of their own when they
+    are imported (later, lazily) while also passing their records on to ours: every warning would print twice.
+    Their loggers take no handler here."""
+    for name in ("huggingface_hub", "datasets"):
+        library = logging.getLogger(name)
+        library.handlers.clear()
+        library.addHandler = lambda handler: None  # type: ignore[method-assign,assignment]
+        library.propagate = True
+    once = _OncePerMessage()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(once)
 
 
 def _quiet_libraries() -> None:

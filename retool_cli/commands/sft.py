@@ -130,10 +130,11 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             loss = batch_loss(config, model, batch, tokenizer.pad_token_id)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
             optimizer.step()
+            lr = scheduler.get_last_lr()[0]  # this step's rate (the scheduler then moves to the next step's)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                lr, elapsed = scheduler.get_last_lr()[0], time.perf_counter() - started
+                elapsed = time.perf_counter() - started
                 metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
                 log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
             pause_if_due("step", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=step:N)

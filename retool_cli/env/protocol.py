@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from typing import Any
 
@@ -252,23 +251,24 @@ class ChatToolProtocol:
         return call_text, f'"{self._CODE}"' in call_text, before, after
 
     def _not_append_only(self, prompt: str, with_call: str, with_result: str) -> None:
-        earlier, later = (prompt, with_call) if not with_call.startswith(prompt) else (with_call, with_result)
-        at = len(os.path.commonprefix([earlier, later]))  # noqa: RUF071 (characters are what we compare)
-        where = f"{earlier[max(0, at - 30) : at + 30]!r} is rendered {later[max(0, at - 30) : at + 30]!r}"
+        rewritten = "a tool call's turn" if with_call.startswith(prompt) else "the prompt"
+        what = (
+            f"rendering the next message rewrites {rewritten} (Qwen3's template, for one, drops the <think> "
+            "block of earlier assistant turns)"
+        )
         if self.policy is TemplatePolicy.refuse:
             raise ConfigError(
-                "protocol=chat_tool: this tokenizer's chat template is not prefix-preserving (rendering the next "
-                f"message rewrites earlier text: {where}) and protocol.template_policy=refuse; "
-                "protocol.template_policy=append continues from the sampled tokens instead, or use "
-                "protocol=retool_tags"
+                f"protocol=chat_tool: this tokenizer's chat template is not append-only: {what}, and "
+                "protocol.template_policy=refuse; protocol.template_policy=append continues from the sampled tokens "
+                "instead, or use protocol=retool_tags"
             )
-        logging.getLogger(__name__).warning(
-            "protocol=chat_tool: the chat template is not append-only (%s once the conversation goes on). "
-            "protocol.template_policy=append: each trajectory continues from the tokens the model sampled and "
-            "only the tool-result segment is rendered, so training sees what the model saw; the template's "
-            "rendering of the whole conversation differs there",
-            where,
-        )
+        if not _warned_once(f"append-only:{rewritten}"):
+            logging.getLogger(__name__).warning(
+                "protocol=chat_tool: the chat template is not append-only: %s. protocol.template_policy=append: "
+                "each trajectory continues from the tokens the model sampled and only the tool-result segment is "
+                "rendered, so training sees what the model saw",
+                what,
+            )
 
     def prompt_ids(self, question: str) -> list[int]:
         return list(self.tokenizer.encode(self._render(self._messages(question), True), add_special_tokens=False))
@@ -283,6 +283,16 @@ class ChatToolProtocol:
 
     def result_ids(self, result_text: str) -> list[int]:
         return list(self.tokenizer.encode(self._before + result_text + self._after, add_special_tokens=False))
+
+
+_WARNED: set[str] = set()
+
+
+def _warned_once(key: str) -> bool:
+    """Whether this process already gave the warning `key` (a protocol is built by every command, and again)."""
+    seen = key in _WARNED
+    _WARNED.add(key)
+    return seen
 
 
 def tool_call(code: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -265,7 +266,11 @@ def update(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats["loss"].append(total)
-    scheduler.step()
+    lr = scheduler.get_last_lr()[0]  # the rate this step trained with (the scheduler then moves to the next)
+    with warnings.catch_warnings():
+        if not stats["loss"]:  # nothing trained (every token masked): the schedule still advances, on purpose
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        scheduler.step()
     out = {f"train/{k}": sum(v) / len(v) if v else 0.0 for k, v in stats.items() if v or k != "kl_ref"}
     out["train/entropy"] = entropy_sum / entropy_tokens if entropy_tokens else 0.0
     out["train/optimizer_steps"] = float(len(stats["loss"]))  # 0 when every token was masked (all truncated)
@@ -274,7 +279,7 @@ def update(
     out["train/void_turn_filtered"] = sum(void_turns) / max(1, len(void_turns))  # masked if filter_void_turns
     out.update(_mismatch_metrics(mismatch))
     out["train/advantage_abs"] = float(advantages.abs().mean())
-    out["train/lr"] = scheduler.get_last_lr()[0]
+    out["train/lr"] = lr
     return out
 
 

@@ -81,6 +81,8 @@ def comparable_sft(row: dict) -> dict:
 
 
 def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
+    """Killed after step 2, with that checkpoint then damaged: the same command resumes from the last complete
+    checkpoint (step 1) and ends with the metrics and kept trajectories of an uninterrupted run."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()
     broken.mkdir()
@@ -90,7 +92,11 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     assert [r["step"] for r in reference] == [1, 2, 3, 4]
     assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(reference[0])
     die_after(args, cwd=broken, when="step:2")  # killed right after step 2
-    run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
+    # and its step-2 checkpoint damaged afterwards (a copy cut short): resume passes over it, to step 1's
+    [weights] = broken.rglob("checkpoints/step_2/model.safetensors")
+    weights.write_bytes(weights.read_bytes()[:1000])
+    resumed = run_retool(*args, cwd=broken, check=True)  # the same command continues the killed run
+    assert "passing over the incomplete checkpoint step_2" in " ".join((resumed.stdout + resumed.stderr).split())
     assert comparable(metrics_of(broken)) == comparable(reference)
     # the trajectories kept for `retool report`: up to keep_rollouts a step, the same after the resume
     [kept] = [read_jsonl(p) for p in whole.rglob("rollouts.jsonl")]

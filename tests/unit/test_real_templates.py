@@ -111,11 +111,16 @@ def test_qwen25_hermes_calls_equal_the_whole_template_rendering(qwen25) -> None:
 
 
 def test_qwen3_template_policy_append_and_where_it_differs(qwen3, caplog) -> None:
-    with pytest.raises(ConfigError, match="not prefix-preserving.*protocol.template_policy=refuse"):
+    from retool_cli.env import protocol as protocol_module
+
+    with pytest.raises(ConfigError, match="not append-only.*protocol.template_policy=refuse"):
         ChatToolProtocol(qwen3, "Solve it.", TemplatePolicy.refuse)
+    protocol_module._WARNED.clear()
     with caplog.at_level(logging.WARNING):
         protocol = ChatToolProtocol(qwen3, "Solve it.", TemplatePolicy.append)
-    assert "not append-only" in caplog.text and "<think>" in caplog.text
+        ChatToolProtocol(qwen3, "Solve it.", TemplatePolicy.append)  # a second build: no second warning
+    assert caplog.text.count("not append-only") == 1 and "<think>" in caplog.text
+    assert ChatToolProtocol._TEXT not in caplog.text and ChatToolProtocol._CODE not in caplog.text  # no probes
     outputs = tool_outputs(qwen3)
     # Qwen3 thinking: every turn opens with a <think> block; the template keeps the blocks of the turns after
     # the last user message, so the whole rendering equals the loop's ids token for token

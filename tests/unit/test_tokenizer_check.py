@@ -44,6 +44,8 @@ def test_deepseek_tokenizer_only_folder_is_refused_with_the_fix(tmp_path) -> Non
     message = str(caught.value)
     assert "decodes as 'Whatis2+2?Answer:4'" in message
     assert "model.tokenizer_class=PreTrainedTokenizerFast" in message and "config.json" in message
+    # the markers it misreads are the same misreading: one fix, and no claim that a single piece is several
+    assert "lack special tokens" not in message and "split into 1 " not in message
     # each fix the message names works
     fixed = load_tokenizer(ModelConfig(name_or_path=str(folder), tokenizer_class="PreTrainedTokenizerFast"))
     assert fixed.encode("What is 2+2?", add_special_tokens=False)[:4] == [3838, 374, 220, 17]
@@ -90,7 +92,7 @@ def test_a_chat_marker_that_is_not_one_token_is_refused(tmp_path) -> None:
     edit_json(folder / "tokenizer_config.json", drop_from_config)
     with pytest.raises(
         ConfigError,
-        match=r"(?s)'<\|im_start\|>' \(a chat-template marker or eos/bos/pad\) is not one token.*lack special tokens",
+        match=r"(?s)'<\|im_start\|>' \(a chat-template marker or eos/bos/pad\) is split into \d+ tokens.*lack special tokens",
     ):
         load_tokenizer(ModelConfig(name_or_path=str(folder)))
 
