@@ -19,7 +19,7 @@ from retool_cli.data.dataset import MathExample, load_examples, load_jsonl, prep
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.eval.sampling import SamplingPlan, sample_problems
-from retool_cli.files import atomic_open, write_jsonl
+from retool_cli.files import atomic_open, text_lines, write_jsonl
 from retool_cli.model.loading import load_tokenizer, resolve_device
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
@@ -106,13 +106,25 @@ def _histogram(values: list[float], low: float, high: float, path: Path) -> None
     plt.close(fig)
 
 
+def shard_rows(path: Path) -> list[dict]:
+    """A finished shard's pass rates; a damaged line (a torn copy, an edit) is an error naming the file and line."""
+    rows = []
+    for line_no, line in text_lines(path):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{line_no}: malformed JSON ({exc.msg}); run this shard again") from None
+    return rows
+
+
 def merge(folders: list[Path], out: Path, low: float, high: float) -> None:
     """Join shard folders: every problem's pass rate, in the order of the original input, filtered again."""
     problems: dict[str, MathExample] = {}
     rates: list[dict] = []
     for folder in folders:
         for path in sorted(folder.rglob("pass_rates.jsonl")):
-            rates += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rates += shard_rows(path)
             problems.update({p.id: p for p in load_jsonl(path.parent / "problems.jsonl")})
     if not rates:
         raise DataError(f"no pass_rates.jsonl under {', '.join(map(str, folders))}")

@@ -156,7 +156,9 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
     if stopped_by or stops.requested():
         raise stops.Stopped(stops.requested() or signal.Signals[stopped_by])
     if returncode != 0:
-        raise RetoolError(f"a training process failed; see {run_dir / 'train.log'} (and the other nodes' logs)")
+        logged = run_dir / "train.log"
+        see = f"see {logged}" if logged.is_file() and logged.stat().st_size else "see its error above"
+        raise RetoolError(f"a training process failed (exit status {returncode}); {see} (and the other nodes' logs)")
 
 
 def supervise(command: list[str], env: dict[str, str]) -> int:

@@ -183,3 +183,17 @@ def test_a_train_file_is_all_train_reads_without_periodic_evals(tmp_path: Path) 
         training_examples(evals)  # no dev.jsonl beside: the data section's dev split is needed
     write_jsonl(tmp_path / "prep" / "dev.jsonl", rows[:2])
     assert [e.id for e in training_examples(evals)[1]] == ["q0", "q1"]
+
+
+def test_a_damaged_filter_shard_is_named_by_file_and_line(tmp_path: Path) -> None:
+    shard = tmp_path / "shard_0"
+    shard.mkdir()
+    rows = [{"id": f"p{i}", "question": f"{i}+1?", "answer": str(i + 1), "data_source": "x"} for i in range(2)]
+    write_jsonl(shard / "problems.jsonl", rows)
+    (shard / "pass_rates.jsonl").write_text(
+        '{"problem_id": "p0", "position": 0, "pass_rate": 0.5}\n{"problem_id": "p1", "pos\n'
+    )
+    proc = run_retool("filter-merge", str(shard), "--out", "merged", cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and "pass_rates.jsonl:2: malformed JSON" in out and "Traceback" not in out, out
+    assert not (tmp_path / "merged").exists()
