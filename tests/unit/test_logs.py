@@ -34,3 +34,20 @@ def test_library_warnings_print_once_and_only_through_our_log() -> None:
         "retool: ours, twice",  # our own messages are never dropped
     ]
     assert "Retrying" not in proc.stderr and "dataset note" not in proc.stderr  # no handler of their own
+
+
+def test_vllm_notes_are_filtered_and_the_rest_shown_once() -> None:
+    import logging
+
+    from retool_cli.rollout.vllm_engine import _VllmNotes
+
+    notes = _VllmNotes()
+
+    def shown(name: str, message: str) -> bool:
+        return notes.filter(logging.LogRecord(name, logging.WARNING, "x.py", 1, message, None, None))
+
+    assert not shown("vllm.worker.cpu_worker", "libtcmalloc is not found in LD_PRELOAD. For best performance ...")
+    assert not shown("vllm.engine.arg_utils", "The global random seed is set to 0. Since ...")
+    assert shown("vllm.v1.core", "KV cache is too small for max_model_len")  # something to act on: shown
+    assert not shown("vllm.v1.core", "KV cache is too small for max_model_len")  # once
+    assert shown("retool", "libtcmalloc is not found in LD_PRELOAD")  # not vLLM's: untouched
