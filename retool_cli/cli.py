@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -228,8 +229,6 @@ class _OncePerMessage(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.split(".")[0] not in _LIBRARIES:
             return True
-        import re
-
         shape = re.sub(r"\d+", "N", record.getMessage())
         if shape in self.seen:
             return False

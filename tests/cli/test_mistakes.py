@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from retool_cli.checkpoint_paths import record_of, write_record
 from retool_cli.config import RetoolConfig
@@ -197,3 +198,12 @@ def test_a_damaged_filter_shard_is_named_by_file_and_line(tmp_path: Path) -> Non
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1 and "pass_rates.jsonl:2: malformed JSON" in out and "Traceback" not in out, out
     assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA is the case")
+def test_a_cuda_recipe_on_a_machine_without_cuda_is_refused_once_before_any_process_starts(tmp_path: Path) -> None:
+    """The 7B recipe asks for 8 processes on CUDA: one line from the launcher, no torchrun, no run folder."""
+    proc = run_retool("train", "recipe=retool_qwen2.5_7b", "hydra.run.dir=run", cwd=tmp_path, timeout=120)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1 and out.count("model.device=cuda but CUDA is not available") == 1, out
+    assert "torchrun" not in out and "Traceback" not in out and not (tmp_path / "run").exists()
