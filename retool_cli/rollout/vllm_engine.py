@@ -62,7 +62,7 @@ def _import_vllm() -> Any:
 _NOT_ACTIONABLE = re.compile(
     r"global random seed is set|officially support disabling chunked prefill|Enforce eager set|Inductor compilation "
     r"was disabled|Triton is (not )?installed|requires Triton|not found in LD_PRELOAD|torch.set_num_threads|"
-    r"Passing raw prompts to InputProcessor"
+    r"Passing raw prompts to InputProcessor|environment variable detected: VLLM_DIST_IDENT"  # (vLLM sets that one)
 )
 
 

@@ -48,6 +48,7 @@ def test_vllm_notes_are_filtered_and_the_rest_shown_once() -> None:
 
     assert not shown("vllm.worker.cpu_worker", "libtcmalloc is not found in LD_PRELOAD. For best performance ...")
     assert not shown("vllm.engine.arg_utils", "The global random seed is set to 0. Since ...")
+    assert not shown("vllm.envs", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT")
     assert shown("vllm.v1.core", "KV cache is too small for max_model_len")  # something to act on: shown
     assert not shown("vllm.v1.core", "KV cache is too small for max_model_len")  # once
     assert shown("retool", "libtcmalloc is not found in LD_PRELOAD")  # not vLLM's: untouched
