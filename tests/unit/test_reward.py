@@ -288,3 +288,15 @@ def test_two_stage_latex_parsing_builds_the_same_expressions() -> None:
     before, after = json.loads(out.stdout)
     assert after == before
     assert any(b.startswith("error") for b in before) and any(not b.startswith("error") for b in before)
+
+
+def test_readable_references_are_judged_once_per_run() -> None:
+    """A reference no answer can match is found (judge(g, g) is false); asked again (train's periodic evals),
+    the answer comes from the run's memory, not the workers."""
+    with Verifier(workers=1) as verifier:
+        golds = ["42", "\\frac{1}{2}", "\\text{}", "x^2+1"]
+        assert verifier.readable_many(golds) == [True, True, False, True]
+        slow = verifier.counts["slow"]
+        assert slow == 2  # exact numbers (42, 1/2) settle without the judge
+        assert verifier.readable_many(golds) == [True, True, False, True]
+        assert verifier.counts["slow"] == slow
