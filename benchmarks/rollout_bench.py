@@ -317,7 +317,23 @@ def report_loops(name: str, results: dict) -> None:
     print(f"  wall-time ratio async / turns: {medians['async'] / medians['turns']:.2f}")
 
 
-def main() -> None:
+def compare_vllm(work: Path, grouped: list, repeats: int, o: float, t: float, ours_mean: float) -> None:
+    """vLLM's CPU build on the same batch, in a child process (`--vllm-worker`); its ratios to ours and TRL's."""
+    (work / "prompts.json").write_text(json.dumps(grouped))
+    child = [sys.executable, __file__, "--vllm-worker", str(work), "--repeats", str(repeats)]
+    timings = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    vllm_s, vllm_tokens, vllm_start_s = timings["s"], timings["tokens"], timings["start_s"]
+    v, v_tokens = statistics.median(vllm_s), statistics.mean(vllm_tokens)
+    print(
+        f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "
+        f"{v_tokens / v:.0f} tokens/s; start-up {vllm_start_s:.1f} s (once per run, not in the ratio)"
+    )
+    print(
+        f"time ratio ours/vLLM: {o / v:.2f}  (per-token {(o / ours_mean) / (v / v_tokens):.2f}); vLLM/TRL: {v / t:.2f}"
+    )
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
     parser.add_argument("--repeats", type=int, default=7)
@@ -337,7 +353,11 @@ def main() -> None:
     parser.add_argument(
         "--multi-call-dir", type=Path, default=Path("outputs/bench_multi_call_sft"), help="--loops: where it is built"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     if args.vllm_worker:
         return vllm_worker(args.vllm_worker, args.repeats)
     if args.loops:
@@ -404,20 +424,7 @@ def main() -> None:
             f"ours, bfloat16 weights (not the fp32 workload): median {b:.3f} s per batch, ratio to TRL fp32 {b / t:.2f}"
         )
     if args.vllm:
-        (work / "prompts.json").write_text(json.dumps(grouped))
-        child = [sys.executable, __file__, "--vllm-worker", str(work), "--repeats", str(args.repeats)]
-        timings = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-        vllm_s, vllm_tokens, vllm_start_s = timings["s"], timings["tokens"], timings["start_s"]
-        v, v_tokens = statistics.median(vllm_s), statistics.mean(vllm_tokens)
-        print(
-            f"vLLM CPU build (rollout.engine=vllm): median {v:.3f} s per batch, {v_tokens:.0f} tokens, "
-            f"{v_tokens / v:.0f} tokens/s; start-up {vllm_start_s:.1f} s (once per run, not in the ratio)"
-        )
-        print(
-            f"time ratio ours/vLLM: {o / v:.2f}  "
-            f"(per-token {(o / statistics.mean(ours_tokens)) / (v / v_tokens):.2f}); "
-            f"vLLM/TRL: {v / t:.2f}"
-        )
+        compare_vllm(work, grouped, args.repeats, o, t, ours_mean)
     if not args.skip_multiturn:
         multiturn(model, tokenizer)
 

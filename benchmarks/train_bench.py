@@ -35,7 +35,8 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
     from retool_cli.data.dataset import MathExample
     from retool_cli.interfaces import Sampling
     from retool_cli.rl.optim import build_optimizer, build_scheduler
-    from retool_cli.rl.step import StepPlan, rollout_batch, update
+    from retool_cli.rl.step import StepPlan, rollout_batch
+    from retool_cli.rl.update import update
     from retool_cli.rollout.agent import Trajectory
     from retool_cli.rollout.hf_engine import HFEngine
 

@@ -3,13 +3,14 @@
 and tool calls into tokens, a Tool is one tool the model calls (the code interpreter first), a CodeRunner runs
 the model's code for it, a Judge decides whether answers are equal. Implementations: rollout/hf_engine.py and
 rollout/vllm_engine.py; env/protocol.py; env/tools.py; env/sandbox.py; env/reward.py (Verifier). The values
-(Sampling, Generation, ToolCall, ToolOutput, ExecResult, Verdict) live here, so that an implementation and its
-callers import this module, not each other."""
+(Sampling, Generation, ToolCall, ToolOutput, ExecResult, Verdict) and the Runtime that holds one of each live
+here, so that an implementation and its callers import this module, not each other."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # ------------------------------------------------------------------ values
 
@@ -118,6 +119,15 @@ class EngineStream(Protocol):
         """Drop requests still in flight (a trajectory past its deadline)."""
 
 
+@runtime_checkable
+class StreamingEngine(Engine, Protocol):
+    """An Engine that also takes requests one at a time (vLLM); the agent loop dispatches on this type and
+    streams through an Engine without it by whole batches."""
+
+    def stream(self, stop_strings: list[str], sampling: Sampling) -> AbstractContextManager[EngineStream]:
+        """A stream for one batch of rollouts; what is still in flight when the block ends is aborted."""
+
+
 class ToolProtocol(Protocol):
     tokenizer: Any
     stop_strings: list[str]  # where a generation segment ends to let a tool run
@@ -172,3 +182,17 @@ class Judge(Protocol):
 
     def readable_many(self, golds: list[str]) -> list[bool]:
         """Whether each reference answer reads as math (an unreadable one scores 0 whatever the answer)."""
+
+
+# ------------------------------------------------------------------ what a command opens
+
+
+@dataclass
+class Runtime:
+    """What the commands open before their loop (runtime.open_runtime) and core code samples and judges with."""
+
+    tokenizer: Any
+    protocol: ToolProtocol
+    engine: Engine
+    tools: list[Tool]  # the tools the protocol's calls name: the code interpreter; none with protocol=none
+    judge: Judge

@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from retool_cli.env.reward import Verifier
 from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import ConfigError
-from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
+from retool_cli.interfaces import Runtime, Tool, ToolProtocol
 from retool_cli.model.loading import resolve_device, resolve_dtype
 from retool_cli.rollout import build_engine
 from retool_cli.run_keys import find_resumable, write_key
@@ -175,15 +175,6 @@ def start_over(run_dir: Path, outputs: tuple[str, ...]) -> None:
         removed.append(name)
     if removed:
         log.warning("starting over in %s (resume off): removed the previous run's %s", run_dir, ", ".join(removed))
-
-
-@dataclass
-class Runtime:
-    tokenizer: Any
-    protocol: ToolProtocol
-    engine: Engine
-    tools: list[Tool]  # the tools the protocol's calls name: the code interpreter; none with protocol=none
-    judge: Judge
 
 
 @contextlib.contextmanager

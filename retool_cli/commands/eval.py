@@ -62,7 +62,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
             plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
             advance = lambda n: progress.advance(task, n)
-            rows = sample_problems(problems, out_dir, plan, rt.engine, rt.protocol, rt.tools, rt.judge, advance)
+            rows = sample_problems(problems, out_dir, plan, rt, advance)
         metrics, table = summarize(rows, problems, bench.n_samples, rt.judge, config.eval.bootstrap, config.seed)
     results = {
         "metrics": metrics,

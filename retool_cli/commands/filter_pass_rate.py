@@ -47,7 +47,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     rollout = replace(config.rollout, group_size=cfg.n_samples)
     with open_runtime(config, tokenizer, build_protocol(config.protocol, tokenizer)) as rt:
         plan = SamplingPlan.of(config, rollout, per_batch=1, per_problem_seeds=True)
-        rows = sample_problems(shard, out_dir, plan, rt.engine, rt.protocol, rt.tools, rt.judge)
+        rows = sample_problems(shard, out_dir, plan, rt)
     positions = list(range(config.shard.index, len(problems), config.shard.count))  # places in the whole input
     write_jsonl(out_dir / "problems.jsonl", [p.to_dict() for p in shard])
     write_outputs(out_dir, shard, pass_rates(rows, shard, cfg.n_samples, positions), cfg.low, cfg.high)

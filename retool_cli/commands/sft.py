@@ -20,8 +20,9 @@ from retool_cli.data.traces import Trace, file_traces, synthetic_traces
 from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due, pause_if_due
+from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_policy, load_tokenizer
-from retool_cli.rl.checkpoints import MetricsLog, load_trainer_state, plot_metrics, save_checkpoint
+from retool_cli.rl.checkpoints import load_trainer_state, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.run_keys import config_key

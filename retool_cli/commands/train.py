@@ -25,15 +25,10 @@ from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
+from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer, resolve_device
-from retool_cli.rl.checkpoints import (
-    MetricsLog,
-    load_trainer_state,
-    plot_metrics,
-    rng_state,
-    save_checkpoint,
-)
+from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
 from retool_cli.rl.distributed import (
     agreed_stop,
     barrier,
@@ -47,7 +42,8 @@ from retool_cli.rl.distributed import (
 )
 from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics, update
+from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
+from retool_cli.rl.update import update
 from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
@@ -143,8 +139,8 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
         shard(model, replicas=t.nnodes if t.fsdp_sharding == "hybrid" else 1)
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
-    metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, config={"seed": config.seed, "recipe": source})
-    start, cursor = resume(checkpoint, model, optimizer, scheduler, metrics if rank == 0 else None)
+    metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, {"seed": config.seed, "recipe": source}, rank)
+    start, cursor = resume(checkpoint, model, optimizer, scheduler, metrics)
     log.info("train: %d questions, %d steps, from %s -> %s", len(examples), t.total_steps, source, out_dir)
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
@@ -155,9 +151,8 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
         Progress(console=Console(stderr=True)) as progress,
         stops.deferred(),  # a stop ends the run at a step's end (all ranks agreed), or alone in the rollouts
     ):
-        engine, tools, verifier = rt.engine, rt.tools, rt.judge
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
-        sync_weights(config, engine, model)
+        sync_weights(config, rt.engine, model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
         plan = StepPlan.of(config)
         for step in range(start + 1, t.total_steps + 1):
@@ -165,29 +160,26 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
             try:  # one process: a stop abandons the rollouts at once (nothing trained yet); several: see agreed_stop
                 with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
                     pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
-                    batch, cursor = collect(plan, examples, cursor, step, engine, protocol, tools, verifier)
+                    batch, cursor = collect(plan, examples, cursor, step, rt)
             except stops.Stopped:
                 if t.save_on_signal and step - 1 > checkpoint_at.last:
                     checkpoint_at(step - 1, before)
                 raise
             with engine_call(config, "the engine's sleep"):
-                engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
+                rt.engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
             with timer("update_s"):
                 stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
             with engine_call(config, "the engine's wake-up"):
-                engine.wake_up()
+                rt.engine.wake_up()
             # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
-            sync_weights(config, engine, model)
+            sync_weights(config, rt.engine, model)
             row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
             if t.eval_every and step % t.eval_every == 0 and dev_split:
                 with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
                     if rank == 0:
                         folder = out_dir / "evals" / f"step_{step}"
-                        row.update(
-                            dev_eval(config, dev_split[: t.eval_problems], folder, engine, protocol, tools, verifier)
-                        )
-            if rank == 0:
-                metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, tools))
+                        row.update(dev_eval(config, dev_split[: t.eval_problems], folder, rt))
+            metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
             progress.update(
                 task,
                 completed=step,
@@ -209,9 +201,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     log.info("wrote %s", out_dir)
 
 
-def resume(
-    checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog | None
-) -> tuple[int, int]:
+def resume(checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog) -> tuple[int, int]:
     """(step, data cursor) to continue from: the checkpoint's, with its optimizer, schedule and RNG restored, or
     (0, 0). The metrics log (rank 0's) loses what a stopped run logged after it (all of it, without one)."""
     start, cursor = 0, 0
@@ -219,8 +209,7 @@ def resume(
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
         start, cursor = state["step"], state["cursor"]
         log.info("resumed from %s (step %d)", checkpoint, start)
-    if metrics is not None:
-        metrics.truncate_after(start)
+    metrics.truncate_after(start)
     return start, cursor
 
 

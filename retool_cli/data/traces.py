@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from retool_cli.data.dataset import MathExample, read_hub_rows, read_local_rows
-from retool_cli.env.protocol import cap_tokens, neutralize, parse_tagged_call, tool_call
+from retool_cli.env.protocol import parse_tagged_call, tool_call
+from retool_cli.env.text import cap_tokens, neutralize
 from retool_cli.errors import DataError
 from retool_cli.interfaces import ToolProtocol
 

@@ -23,66 +23,10 @@ import re
 from typing import Any
 
 from retool_cli.config import ProtocolConfig, ProtocolName, TemplatePolicy
+from retool_cli.env.text import neutralize as neutralize  # where outside checks call it (DESIGN.md)
+from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, INTERPRETER
 from retool_cli.errors import ConfigError, DataError
 from retool_cli.interfaces import ToolCall
-
-INTERPRETER = "code_interpreter"  # the tool the tagged format calls, and SFT traces' calls (env/tools.py)
-PROTOCOL_TAGS = [
-    "<code>",
-    "</code>",
-    "<interpreter>",
-    "</interpreter>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    "<think>",
-    "</think>",
-]
-
-
-# ------------------------------------------------------------------ tool results as text
-
-
-def neutralize(text: str, tokenizer: Any) -> str:
-    """Printed text must never close a turn or open a fake one: break every special token and protocol tag
-    the tokenizer would otherwise read as one ("<|im_end|>" -> "< |im_end|>")."""
-    dangerous = set(PROTOCOL_TAGS) | set(getattr(tokenizer, "all_special_tokens", []))
-    dangerous |= {t for t in getattr(tokenizer, "get_added_vocab", dict)() if t.startswith("<")}
-    for token in sorted(dangerous, key=len, reverse=True):
-        if token and token in text:
-            text = text.replace(token, token[0] + " " + token[1:])
-    return text
-
-
-def format_result(result: Any, tokenizer: Any, max_tokens: int, error_lines: int = 12) -> str:
-    """An ExecResult as the text the model reads: output, or the error's last `error_lines` lines (the
-    exception itself is the last; ToRL keeps only it), or why it was stopped; capped to `max_tokens` with the
-    head and tail kept."""
-    if getattr(result, "infra_error", False):
-        text = "Error: the interpreter failed to run this code (sandbox failure). Try again."
-    elif result.status == "timeout":
-        # Which clock stopped it (CPU or wall) and how much it printed before depend on the machine's load, so
-        # neither reaches the model: the same seed must give the same trajectories.
-        text = "TimeoutError: stopped (time limit exceeded)."
-    elif result.status == "killed":
-        text = (result.stdout + "\n" if result.stdout else "") + f"Killed: {result.reason}."
-    elif result.status == "error":
-        tail = "\n".join(result.stderr.strip().splitlines()[-error_lines:]) or result.reason
-        text = (result.stdout + "\n" if result.stdout else "") + tail
-    else:
-        text = result.stdout if result.stdout.strip() else "(no output: print the values you need)"
-    return cap_tokens(neutralize(text.rstrip("\n"), tokenizer), tokenizer, max_tokens)
-
-
-def cap_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) <= max_tokens:
-        return text
-    keep = max(1, max_tokens - 16) // 2
-    head, tail = tokenizer.decode(ids[:keep]), tokenizer.decode(ids[-keep:])
-    return f"{head}\n...[{len(ids) - 2 * keep} tokens cut]...\n{tail}"
-
 
 # ------------------------------------------------------------------ parsing calls
 
@@ -205,8 +149,6 @@ class ChatToolProtocol:
         schemas: list[dict[str, Any]] | None = None,
     ) -> None:
         """`schemas`: the tools' function schemas the template renders (None: the code interpreter's alone)."""
-        from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA  # tools.py formats results with this module
-
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.schemas = schemas if schemas is not None else [CODE_INTERPRETER_SCHEMA]

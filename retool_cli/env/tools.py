@@ -12,14 +12,15 @@ from collections import Counter
 from typing import Any
 
 from retool_cli.config import RolloutConfig
-from retool_cli.env.protocol import format_result
 from retool_cli.env.sandbox import SandboxError
+from retool_cli.env.text import cap_tokens, neutralize
 from retool_cli.interfaces import CodeRunner, ToolOutput
 
+INTERPRETER = "code_interpreter"  # what the model calls the interpreter: the schema's name, the tagged format's calls
 CODE_INTERPRETER_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
-        "name": "code_interpreter",
+        "name": INTERPRETER,
         "description": "Run Python code in a fresh interpreter and return what it prints.",
         "parameters": {
             "type": "object",
@@ -35,7 +36,7 @@ class CodeInterpreter:
     its output, or its error's last lines, or why it was stopped, capped to rollout.max_tool_result_tokens. A batch
     whose calls fail in the sandbox itself (not in the code) above rollout.max_sandbox_infra_error_rate stops."""
 
-    name = "code_interpreter"
+    name = INTERPRETER
     schema = CODE_INTERPRETER_SCHEMA
 
     def __init__(self, runner: CodeRunner, tokenizer: Any, cfg: RolloutConfig) -> None:
@@ -84,3 +85,23 @@ class CodeInterpreter:
             # calls answered from the interpreter cache (sandbox.cache): no sandbox run
             "rollout/code_cache_hit_rate": sum(bool(o.record.get("cached")) for o in outputs) / calls,
         }
+
+
+def format_result(result: Any, tokenizer: Any, max_tokens: int, error_lines: int = 12) -> str:
+    """An ExecResult as the text the model reads: output, or the error's last `error_lines` lines (the
+    exception itself is the last; ToRL keeps only it), or why it was stopped; capped to `max_tokens` with the
+    head and tail kept."""
+    if getattr(result, "infra_error", False):
+        text = "Error: the interpreter failed to run this code (sandbox failure). Try again."
+    elif result.status == "timeout":
+        # Which clock stopped it (CPU or wall) and how much it printed before depend on the machine's load, so
+        # neither reaches the model: the same seed must give the same trajectories.
+        text = "TimeoutError: stopped (time limit exceeded)."
+    elif result.status == "killed":
+        text = (result.stdout + "\n" if result.stdout else "") + f"Killed: {result.reason}."
+    elif result.status == "error":
+        tail = "\n".join(result.stderr.strip().splitlines()[-error_lines:]) or result.reason
+        text = (result.stdout + "\n" if result.stdout else "") + tail
+    else:
+        text = result.stdout if result.stdout.strip() else "(no output: print the values you need)"
+    return cap_tokens(neutralize(text.rstrip("\n"), tokenizer), tokenizer, max_tokens)

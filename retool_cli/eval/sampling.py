@@ -24,7 +24,7 @@ from retool_cli.errors import ConfigError, DataError
 from retool_cli.eval.metrics import avg_at_k, k_values, majority_answer, mean, pass_at_k
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.files import append_jsonl, read_jsonl_log
-from retool_cli.interfaces import Engine, Judge, Tool, ToolProtocol
+from retool_cli.interfaces import Judge, Runtime
 from retool_cli.rollout.agent import STOP_REASONS, run_rollouts, sample_row
 
 log = logging.getLogger(__name__)
@@ -95,10 +95,7 @@ def sample_problems(
     problems: list[MathExample],
     out_dir: Path,
     plan: SamplingPlan,
-    engine: Engine,
-    protocol: ToolProtocol,
-    tools: list[Tool],
-    verifier: Judge,
+    rt: Runtime,
     progress: Any = None,
 ) -> list[dict[str, Any]]:
     """Sample and judge every problem `plan.rollout.group_size` times, skipping chunks already in samples.jsonl.
@@ -115,7 +112,7 @@ def sample_problems(
             len(done),
             len(problems) * rollout.group_size,
         )
-    judge = replace(plan.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0)
+    correctness = replace(plan.reward, function=RewardFunction.correctness, format_weight=0.0, overlong_buffer_tokens=0)
     per_problem_seeds = plan.per_problem_seeds
     per_batch = 1 if per_problem_seeds else plan.per_batch
     chunks = [problems[i : i + per_batch] for i in range(0, len(problems), per_batch)]
@@ -126,10 +123,10 @@ def sample_problems(
             continue
         seed = plan.seed * 1_000_003 + (zlib.crc32(chunk[0].id.encode()) if per_problem_seeds else index)
         trajectories, _ = run_rollouts(
-            chunk, engine, protocol, tools, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
+            chunk, rt.engine, rt.protocol, rt.tools, rollout, seed=seed, max_context_tokens=plan.max_context_tokens
         )
-        scores = score_batch([t.response() for t in trajectories], judge, verifier)
-        rows = [sample_row(t, s, seed, tools) for t, s in zip(trajectories, scores, strict=True)]
+        scores = score_batch([t.response() for t in trajectories], correctness, rt.judge)
+        rows = [sample_row(t, s, seed, rt.tools) for t, s in zip(trajectories, scores, strict=True)]
         # a chunk torn in mid-append is redone whole (the same seed: the same samples); write only what is missing
         with stops.critical():  # a stop signal waits for the append (a stop anywhere else abandons the chunk)
             append_jsonl(path, [r for r in rows if (r["problem_id"], r["sample_index"]) not in done])
@@ -149,7 +146,7 @@ def _advance(progress: Any, n: int) -> None:
 
 
 def summarize(
-    rows: list[dict[str, Any]], problems: list[MathExample], n: int, verifier: Judge, bootstrap: int, seed: int
+    rows: list[dict[str, Any]], problems: list[MathExample], n: int, judge: Judge, bootstrap: int, seed: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Benchmark metrics and the per-problem table from the sample rows."""
     by_problem: dict[str, list[dict[str, Any]]] = {}
@@ -167,8 +164,8 @@ def summarize(
         correct.append(flags)
         answers = [r["answer"] for r in samples]
         for k in maj_hits:
-            majority = majority_answer(answers[:k], verifier.is_equivalent)
-            maj_hits[k].append(majority is not None and verifier.is_equivalent(problem.answer, majority))
+            majority = majority_answer(answers[:k], judge.is_equivalent)
+            maj_hits[k].append(majority is not None and judge.is_equivalent(problem.answer, majority))
         table.append(
             {
                 "problem_id": problem.id,
@@ -180,7 +177,7 @@ def summarize(
         )  # majority_answer: the majority of all n samples
     acc = avg_at_k(correct, bootstrap=bootstrap, seed=seed)
     unreadable = [
-        p.id for p, ok in zip(problems, verifier.readable_many([p.answer for p in problems]), strict=True) if not ok
+        p.id for p, ok in zip(problems, judge.readable_many([p.answer for p in problems]), strict=True) if not ok
     ]
     if unreadable:
         log.warning(
@@ -222,17 +219,14 @@ def dev_eval(
     config: RetoolConfig,
     problems: list[MathExample],
     folder: Path,
-    engine: Engine,
-    protocol: ToolProtocol,
-    tools: list[Tool],
-    judge: Judge,
+    rt: Runtime,
 ) -> dict[str, float]:
     """Train's periodic eval: this module on a slice of the dev split, with the benchmark's sampling settings."""
     folder.mkdir(parents=True, exist_ok=True)
     plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)
-    rows = sample_problems(problems, folder, plan, engine, protocol, tools, judge)
+    rows = sample_problems(problems, folder, plan, rt)
     n = config.benchmark.n_samples
-    metrics, _ = summarize(rows, problems, n, judge, config.eval.bootstrap, config.seed)
+    metrics, _ = summarize(rows, problems, n, rt.judge, config.eval.bootstrap, config.seed)
     return {
         "eval/accuracy": metrics[f"avg@{n}"],
         "eval/se_problems": metrics["se_problems"],

@@ -38,7 +38,17 @@ from retool_cli.config import RolloutConfig, RolloutEngine, RolloutLoop
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.reward import Response, RewardScore, answer_text, extract_boxed
 from retool_cli.errors import EngineRequestError
-from retool_cli.interfaces import Engine, EngineStream, Generation, Sampling, Tool, ToolCall, ToolOutput, ToolProtocol
+from retool_cli.interfaces import (
+    Engine,
+    EngineStream,
+    Generation,
+    Sampling,
+    StreamingEngine,
+    Tool,
+    ToolCall,
+    ToolOutput,
+    ToolProtocol,
+)
 from retool_cli.rollout.watchdog import time_limit
 
 STOP_REASONS = (
@@ -284,9 +294,8 @@ _TIMEOUT_KEY = "rollout.engine_timeout_s"
 def _open_stream(engine: Engine, stop_strings: list[str], sampling: Sampling) -> Iterator[EngineStream]:
     """The engine's own stream (vLLM), or, for an engine that only samples whole batches (hf), a stream whose
     every poll generates everything submitted since the last."""
-    own = getattr(engine, "stream", None)
-    if own is not None:
-        with own(stop_strings, sampling) as stream:
+    if isinstance(engine, StreamingEngine):
+        with engine.stream(stop_strings, sampling) as stream:
             yield stream
     else:
         yield _BatchStream(engine, stop_strings, sampling)

@@ -95,6 +95,20 @@ def _filter_notes() -> None:
             handler.addFilter(_NOTES)
 
 
+def _memory_and_batching(on_cpu: bool, kv_cache_gib: float, max_model_len: int) -> dict[str, Any]:
+    """vLLM's KV-cache size (rollout.vllm_kv_cache_gib > 0: explicit) and, on CPU, how it batches prompts."""
+    extra: dict[str, Any] = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
+    if on_cpu:
+        # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, and CPU
+        # generators cannot rewind: `RuntimeError: CPU Generator does not use offset` once a step's new
+        # prompt tokens exceed the batch budget. Prompts are prefilled whole instead.
+        extra |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+        # The prefix cache reuses whole KV blocks only, and the CPU build's default block is 128 tokens: a
+        # later turn then reused nothing of a short history. 32 is the smallest its attention kernel takes.
+        extra["block_size"] = 32
+    return extra
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -134,15 +148,7 @@ class VLLMEngine:
         self.on_cpu = device.type == "cpu"
         self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
         _check_head_size(model_path, current_platform)
-        extra = {"kv_cache_memory_bytes": int(kv_cache_gib * (1 << 30))} if kv_cache_gib > 0 else {}
-        if self.on_cpu:
-            # vLLM 0.32 rewinds a seeded request's generator after a partial (chunked) prefill, and CPU
-            # generators cannot rewind: `RuntimeError: CPU Generator does not use offset` once a step's new
-            # prompt tokens exceed the batch budget. Prompts are prefilled whole instead.
-            extra |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
-            # The prefix cache reuses whole KV blocks only, and the CPU build's default block is 128 tokens: a
-            # later turn then reused nothing of a short history. 32 is the smallest its attention kernel takes.
-            extra["block_size"] = 32
+        extra = _memory_and_batching(self.on_cpu, kv_cache_gib, max_model_len)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process (see the docstring)
         # vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads for the process it
         # runs in: this one, which also trains. Both are put back once the engine is built.

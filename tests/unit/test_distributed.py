@@ -15,7 +15,8 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.distributed import full_state, shard
 from retool_cli.rl.optim import build_scheduler
-from retool_cli.rl.step import StepPlan, rollout_batch, update
+from retool_cli.rl.step import StepPlan, rollout_batch
+from retool_cli.rl.update import update
 from retool_cli.rollout.agent import Trajectory
 from retool_cli.rollout.vllm_engine import whole_tensors
 

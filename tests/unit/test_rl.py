@@ -14,9 +14,11 @@ from retool_cli.config import ProtocolConfig, ProtocolName, RetoolConfig
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import build_protocol
 from retool_cli.env.reward import Verifier
+from retool_cli.interfaces import Runtime
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.step import StepPlan, collect, step_metrics, update
+from retool_cli.rl.step import StepPlan, collect, step_metrics
+from retool_cli.rl.update import update
 from tests.scripted import ScriptedEngine
 
 EOS = "<|im_end|>"
@@ -51,9 +53,8 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     protocol = build_protocol(cfg.protocol, tokenizer)
     with Verifier(timeout_s=5, workers=1) as verifier:
-        batch, cursor = collect(
-            StepPlan.of(cfg), examples, 0, 1, ScriptedEngine(tokenizer, script), protocol, [], verifier
-        )
+        rt = Runtime(tokenizer, protocol, ScriptedEngine(tokenizer, script), [], verifier)
+        batch, cursor = collect(StepPlan.of(cfg), examples, 0, 1, rt)
     assert cursor == 4 and len(batch) == 16  # two rounds of 2 questions x 4 samples
     assert batch.tensors["reward"][:8].tolist() == [1.0] * 8
     assert sorted(batch.tensors["reward"][8:].tolist()) == [-1.0] * 4 + [1.0] * 4
@@ -70,16 +71,8 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     # without dynamic sampling: one round, whatever its groups
     calls = itertools.count()
     with Verifier(timeout_s=5, workers=1) as verifier:
-        once, cursor = collect(
-            StepPlan.of(config(dynamic=False)),
-            examples,
-            0,
-            1,
-            ScriptedEngine(tokenizer, script),
-            protocol,
-            [],
-            verifier,
-        )
+        rt = Runtime(tokenizer, protocol, ScriptedEngine(tokenizer, script), [], verifier)
+        once, cursor = collect(StepPlan.of(config(dynamic=False)), examples, 0, 1, rt)
     assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
 
 
@@ -162,7 +155,7 @@ def test_shuffled_reward_control_keeps_the_rewards_and_cuts_their_link(tokenizer
         cfg.reward.control = control
         with Verifier(timeout_s=5, workers=1) as verifier:
             engine, protocol = ScriptedEngine(tokenizer, script), build_protocol(cfg.protocol, tokenizer)
-            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, engine, protocol, [], verifier)
+            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, Runtime(tokenizer, protocol, engine, [], verifier))
         return batch
 
     real, control = collected(RewardControl.none), collected(RewardControl.shuffled)
@@ -219,7 +212,8 @@ def test_every_rollout_correction_is_no_correction_when_the_sampler_is_the_train
     bit and the gap metrics read 0. Recorded 0.3 nats off on some tokens, the corrections change the update and
     the metrics see the gap."""
     from retool_cli.config import RolloutCorrection
-    from retool_cli.rl.step import _all_logprobs, rollout_batch
+    from retool_cli.rl.step import rollout_batch
+    from retool_cli.rl.update import Forward, all_logprobs
     from retool_cli.rollout.agent import Trajectory
 
     torch.manual_seed(0)
@@ -231,8 +225,7 @@ def test_every_rollout_correction_is_no_correction_when_the_sampler_is_the_train
     rewards = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0])
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     cfg = config(dynamic=False)
-    sequences = [x.token_ids for x in trajectories]
-    own = _all_logprobs(model, sequences, [len(prompt)] * 8, 0, torch.device("cpu"), 16384, False, False, 1.0)
+    own = all_logprobs(model, trajectories, Forward(0, torch.device("cpu"), 16384, False, False, 1.0))
     for x, logp in zip(trajectories, own, strict=True):
         x.response_mask = [1] * len(x.response_ids)
         x.response_logprobs = logp[len(prompt) - 1 :].tolist()

@@ -15,13 +15,12 @@ from retool_cli.env.protocol import (
     ChatToolProtocol,
     TaggedProtocol,
     build_protocol,
-    cap_tokens,
-    format_result,
     neutralize,
     parse_chat_call,
     parse_tagged_call,
 )
-from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, CodeInterpreter
+from retool_cli.env.text import cap_tokens
+from retool_cli.env.tools import CODE_INTERPRETER_SCHEMA, CodeInterpreter, format_result
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import ExecResult, ToolCall
 from retool_cli.model.tiny import tiny_model_path

@@ -15,11 +15,12 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.reward import Verifier
 from retool_cli.env.tools import CodeInterpreter
-from retool_cli.interfaces import ToolOutput
+from retool_cli.interfaces import Runtime, ToolOutput
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.optim import build_scheduler
-from retool_cli.rl.step import StepPlan, collect, rollout_batch, update
+from retool_cli.rl.step import StepPlan, collect, rollout_batch
 from retool_cli.rl.tir_filters import roc_select
+from retool_cli.rl.update import update
 from retool_cli.rollout.agent import Trajectory, run_rollouts
 from tests.scripted import ScriptedEngine
 from tests.unit.test_rl import config
@@ -148,7 +149,8 @@ def test_collect_with_roc_trains_on_group_size_samples_per_question(tokenizer) -
     cfg.trainer.roc_oversample = 3
     with Verifier(timeout_s=5, workers=1) as verifier:
         engine = ScriptedEngine(tokenizer, script)
-        batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, engine, TaggedProtocol(tokenizer, "SYS"), [], verifier)
+        rt = Runtime(tokenizer, TaggedProtocol(tokenizer, "SYS"), engine, [], verifier)
+        batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, rt)
     assert len(engine.seen_prompts) == 2 * 4 * 3  # 2 questions x 4 x 3 sampled
     assert [x.example.id for x in batch.objects["trajectory"]] == ["q0"] * 4 + ["q1"] * 4
     metrics = batch.meta["metrics"]
