@@ -15,9 +15,9 @@ ROLLOUT ?= hf
 SEED ?= 0
 smoke: $(VENV)/.installed
 	$(BIN)/retool prepare recipe=dapo_smoke seed=$(SEED) hydra.run.dir=$(SMOKE)/prepare
-	$(BIN)/retool sft recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=never hydra.run.dir=$(SMOKE)/sft
+	$(BIN)/retool sft recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=false hydra.run.dir=$(SMOKE)/sft
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
-	  trainer.init_from=$(SMOKE)/sft trainer.resume=never hydra.run.dir=$(SMOKE)/train
+	  trainer.init_from=$(SMOKE)/sft trainer.resume=false hydra.run.dir=$(SMOKE)/train
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)
@@ -28,11 +28,11 @@ smoke: $(VENV)/.installed
 # (protocol=none), each evaluated as the real run is; then each compared with the SFT checkpoint, paired by problem.
 smoke-controls: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
-	  trainer.init_from=$(SMOKE)/sft reward.control=shuffled trainer.resume=never hydra.run.dir=$(SMOKE)/train_shuffled
+	  trainer.init_from=$(SMOKE)/sft reward.control=shuffled trainer.resume=false hydra.run.dir=$(SMOKE)/train_shuffled
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_shuffled eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_shuffled
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
-	  trainer.init_from=$(SMOKE)/sft protocol=none trainer.resume=never hydra.run.dir=$(SMOKE)/train_text
+	  trainer.init_from=$(SMOKE)/sft protocol=none trainer.resume=false hydra.run.dir=$(SMOKE)/train_text
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_text protocol=none eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_text
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)/controls/rl

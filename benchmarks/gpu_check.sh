@@ -21,7 +21,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 
 $RETOOL prepare recipe=dapo_smoke hydra.run.dir="$WORK/prepare"
 CUDA_BF16=(model.device="$DEVICE" model.dtype=float32 trainer.bf16_autocast=true rollout.dtype=bfloat16
-  trainer.train_file="$WORK/prepare/train.jsonl" trainer.resume=never trainer.save_every=1000)
+  trainer.train_file="$WORK/prepare/train.jsonl" trainer.resume=false trainer.save_every=1000)
 
 # 1. The smoke recipe's tiny model on the GPU.
 $RETOOL train recipe=dapo_smoke "${CUDA_BF16[@]}" trainer.total_steps="$STEPS" hydra.run.dir="$WORK/smoke"

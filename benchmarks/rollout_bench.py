@@ -132,7 +132,13 @@ def vllm_worker(work: Path, repeats: int) -> None:
     grouped = json.loads((work / "prompts.json").read_text())
     started = time.perf_counter()
     engine = VLLMEngine(
-        str(work), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False, kv_cache_gib=1.0
+        str(work),
+        torch.float32,
+        seed=0,
+        max_model_len=512,
+        gpu_memory_utilization=0.5,
+        sleep_mode=False,
+        kv_cache_gib=1.0,
     )
     start_s, times, tokens = time.perf_counter() - started, [], []
     for i in range(repeats + 1):  # the first round warms up
@@ -217,7 +223,7 @@ def multi_call_checkpoint(calls: int, out: Path) -> Path:
             segments += [("model", text), ("call", f"# run {rng.randint(100, 999)}\n{code}"), ("tool", answer)]
         dump_messages(traces, question, [*segments, ("model", f"So the answer is \\boxed{{{answer}}}.")])
     command = [sys.executable, "-m", "retool_cli", "sft", "recipe=dapo_smoke", f"sft.traces_file={traces}"]
-    subprocess.run([*command, "sft.resume=never", f"hydra.run.dir={out}"], check=True)
+    subprocess.run([*command, "sft.resume=false", f"hydra.run.dir={out}"], check=True)
     return out
 
 
@@ -234,6 +240,7 @@ def loops(args) -> None:
     from retool_cli.env.protocol import build_protocol
     from retool_cli.env.sandbox import Sandbox
     from retool_cli.env.tools import CodeInterpreter
+    from retool_cli.model.precision import resolve_precision
     from retool_cli.rollout import build_engine
     from retool_cli.rollout.agent import run_rollouts
 
@@ -267,13 +274,13 @@ def loops(args) -> None:
         config = smoke_config(args.engine, [f"model.name_or_path={checkpoint}", *overrides])
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         protocol = build_protocol(config.protocol, tokenizer)
-        model = None
+        model, precision = None, resolve_precision(config)
         if args.engine == "hf":
             from retool_cli.model.loading import load_model
 
-            model = load_model(config.model).eval()
+            model = load_model(config.model, precision).eval()
         started = time.perf_counter()
-        engine = build_engine(config, model, tokenizer, weights=str(checkpoint))
+        engine = build_engine(config, precision, model, tokenizer, weights=str(checkpoint))
         print(f"{args.engine} engine on {checkpoint}: started in {time.perf_counter() - started:.1f} s")
         with Sandbox(config.sandbox) as sandbox:
             interpreter = CodeInterpreter(sandbox, tokenizer, config.rollout)

@@ -112,6 +112,7 @@ def ours(work: Path, steps: int, accelerate: bool) -> dict:
     from retool_cli.commands.sft import batch_loss
     from retool_cli.data.traces import Trace
     from retool_cli.model.loading import load_policy, load_tokenizer
+    from retool_cli.model.precision import resolve_precision
     from retool_cli.rl.optim import build_optimizer, build_scheduler
 
     config = smoke_sft_config(f"model.name_or_path={work}/model", f"model.accelerate={accelerate}")
@@ -122,14 +123,17 @@ def ours(work: Path, steps: int, accelerate: bool) -> dict:
         mask = [int(label != -100) for label in row["labels"][start:]]
         traces.append(Trace(row["input_ids"][:start], row["input_ids"][start:], mask))
     torch.manual_seed(0)
-    model = load_policy(config.model, config.model.name_or_path, False, None)
+    precision = resolve_precision(config, training=True)
+    model = load_policy(config.model, precision, config.model.name_or_path, False, None)
     pad_id = load_tokenizer(config.model).pad_token_id
     optimizer = build_optimizer(model, config.sft.lr, config.sft.weight_decay)
     scheduler = build_scheduler(optimizer, config.sft.warmup_steps, config.sft.steps, config.sft.schedule)
     rng, times, losses = random.Random(0), [], []
     for _ in range(steps):
         started = time.perf_counter()
-        losses.append(batch_loss(config, model, rng.sample(traces, config.sft.batch_size), pad_id))
+        losses.append(
+            batch_loss(config, model, rng.sample(traces, config.sft.batch_size), pad_id, precision.bf16_autocast)
+        )
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
         optimizer.step()
         scheduler.step()

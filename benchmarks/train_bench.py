@@ -34,6 +34,7 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
     from retool_cli.config import LossAgg, RetoolConfig
     from retool_cli.data.dataset import MathExample
     from retool_cli.interfaces import Sampling
+    from retool_cli.model.precision import resolve_precision
     from retool_cli.rl.optim import build_optimizer, build_scheduler
     from retool_cli.rl.step import StepPlan, rollout_batch
     from retool_cli.rl.update import update
@@ -73,7 +74,14 @@ def ours(bench_dir: Path, steps: int, bf16: bool = False) -> dict:
             example = MathExample(str(i // 8), "q", row["answer"], "bench")
             trajectories.append(Trajectory(example, i % 8, prompt, gen.token_ids, [1] * len(gen.token_ids)))
         batch = rollout_batch(trajectories, torch.tensor(rewards))
-        update(StepPlan.of(cfg), model, batch, optimizer, scheduler, tokenizer.pad_token_id)
+        update(
+            StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+            model,
+            batch,
+            optimizer,
+            scheduler,
+            tokenizer.pad_token_id,
+        )
         engine.update_weights(model)  # a no-op when the engine shares the fp32 model
         times.append(time.perf_counter() - started)
         tokens.append(sum(len(g.token_ids) for g in gens))

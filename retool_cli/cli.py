@@ -131,8 +131,8 @@ def joins_a_run(command: str, overrides: list[str]) -> bool:
     return command == "train" and later_node(overrides, os.environ)
 
 
-# The key that turns resuming on, per command that resumes, and its value then.
-_RESUME_KEYS = {"train": ("trainer.resume", "auto"), "sft": ("sft.resume", "auto"), "eval": ("eval.resume", "true")}
+# The key that turns resuming on (a bool), per command that resumes.
+_RESUME_KEYS = {"train": "trainer.resume", "sft": "sft.resume", "eval": "eval.resume"}
 
 
 def resume_command(command: str, overrides: list[str], run_dir: Path, cfg: Any) -> str:
@@ -144,9 +144,9 @@ def resume_command(command: str, overrides: list[str], run_dir: Path, cfg: Any) 
 
     kept = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     if command in _RESUME_KEYS:
-        key, on = _RESUME_KEYS[command]
-        if str(OmegaConf.select(cfg, key)).lower() != on:
-            kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") != key] + [f"{key}={on}"]
+        key = _RESUME_KEYS[command]
+        if OmegaConf.select(cfg, key) is not True:
+            kept = [o for o in kept if o.split("=", 1)[0].lstrip("+~") != key] + [f"{key}=true"]
     resumed = run_dir / "resumed_into.txt"
     folder = Path(resumed.read_text().strip()) if resumed.is_file() else run_dir
     return shlex.join(["retool", command, *kept, f"hydra.run.dir={folder}"])

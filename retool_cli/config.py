@@ -101,13 +101,20 @@ class DataConfig:
 # --------------------------------------------------------------------------- model, rollout, protocol, training
 
 
+class Dtype(str, enum.Enum):  # a str too: loaders and vLLM take the name
+    auto = "auto"  # model.dtype: bf16 on CUDA, fp32 on CPU; rollout.dtype: the policy's own (see the fields)
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 @dataclass
 class ModelConfig:
     """The policy model."""
 
     name_or_path: str = doc("tiny", 'HF id, local folder, or "tiny" (random-init model built offline)')
-    dtype: str = doc(
-        "auto",
+    dtype: Dtype = doc(
+        Dtype.auto,
         "auto | float32 | bfloat16 | float16; auto = bf16 on CUDA, fp32 on CPU; except that `sft` and `train`"
         " on CUDA turn auto into fp32 weights under bf16 autocast (mixed precision: AdamW must update fp32 "
         "weights)",
@@ -175,6 +182,21 @@ class RolloutEngine(enum.Enum):
 RolloutLoop = enum.Enum("RolloutLoop", [("auto", "auto"), ("async", "async"), ("turns", "turns")])
 
 
+class Schedule(str, enum.Enum):  # rl/optim.py:build_scheduler
+    constant = "constant"
+    cosine = "cosine"  # cosine decay to 0 after the warm-up
+
+
+class KLEstimator(str, enum.Enum):  # rl/algorithms.py:kl_penalty
+    k1 = "k1"
+    k3 = "k3"
+
+
+class FsdpSharding(enum.Enum):
+    full = "full"  # shard over every process of every node
+    hybrid = "hybrid"  # HSDP: shard within a node, replicate across nodes
+
+
 class LossAgg(str, enum.Enum):
     token_mean = "token_mean"  # mean over all model tokens of the batch (DAPO)
     seq_mean_token_mean = "seq_mean_token_mean"  # mean per sequence, then over sequences (GRPO)
@@ -188,8 +210,8 @@ class RolloutConfig:
     engine: RolloutEngine = doc(
         RolloutEngine.hf, "hf (transformers, CPU or CUDA) | vllm (vLLM's engine, CUDA or its CPU build)"
     )
-    dtype: str = doc(
-        "auto",
+    dtype: Dtype = doc(
+        Dtype.auto,
         "Weights the engine generates with: auto = the policy's own (hf: shared with the trainer, nothing to "
         "copy); float32 | bfloat16 | float16 = a copy in that dtype, refreshed after each optimizer step "
         "(e.g. bfloat16 sampling next to an fp32 trainer, as vLLM-based recipes do; the trainer recomputes "
@@ -289,8 +311,6 @@ class RolloutConfig:
         per_turn = self.max_tokens_per_turn
         _check(per_turn is None or per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1 (or null)")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
-        dtypes = ("auto", "float32", "bfloat16", "float16")
-        _check(self.dtype in dtypes, "rollout.dtype", f"{self.dtype!r} is not one of {', '.join(dtypes)}")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
         _check(self.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1")
         _check(
@@ -386,7 +406,7 @@ class TrainerConfig:
     lr: float = doc(1e-6, "AdamW learning rate (the paper's 1e-6 at 7B-32B; the tiny smoke model takes 1e-4)")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     warmup_steps: int = doc(0, "linear warm-up steps of the learning rate")
-    schedule: str = doc("constant", "constant | cosine (after warm-up)")
+    schedule: Schedule = doc(Schedule.constant, "constant | cosine (after warm-up)")
     grad_clip: float = doc(1.0, "max global gradient norm")
     total_steps: int = doc(100, "optimizer steps of the run (RL: one rollout batch each)")
     questions_per_step: int = doc(32, "distinct questions per RL step (x rollout.group_size trajectories)")
@@ -401,7 +421,7 @@ class TrainerConfig:
     )
     loss_agg: LossAgg = doc(LossAgg.token_mean, "how token losses become the batch loss (see LossAgg)")
     kl_coef: float = doc(0.0, "KL to the frozen initial policy (0 = off, no reference model kept)")
-    kl_estimator: str = doc("k3", "estimator of the KL penalty: k1 | k3 (rl/algorithms.py:kl_penalty)")
+    kl_estimator: KLEstimator = doc(KLEstimator.k3, "the KL penalty's estimator: k1 | k3 (rl/algorithms.py:kl_penalty)")
     entropy_coef: float = doc(0.0, "entropy bonus (0 = off)")
     rollout_correction: RolloutCorrection = doc(
         RolloutCorrection.none,
@@ -445,7 +465,9 @@ class TrainerConfig:
         "trajectories of each step written to rollouts.jsonl for `retool report` (half right, half wrong "
         "where the step has both; seeded); 0 keeps none. Bounded: steps x this many rows.",
     )
-    resume: str = doc("auto", "auto: continue the latest checkpoint of an unfinished run of this config | never")
+    resume: bool = doc(
+        True, "continue the latest checkpoint of an unfinished run of this config; false: start over in the folder"
+    )
     eval_every: int = doc(0, "evaluate on the dev split every N steps with the benchmark's sampling (0 = off)")
     eval_problems: int = doc(64, "dev problems of a periodic evaluation")
     nproc: int = doc(
@@ -457,8 +479,8 @@ class TrainerConfig:
         "with nproc > 1: shard parameters, gradients and optimizer state (FSDP2) instead of a whole copy per "
         "process; rollouts all-gather the weights once per step",
     )
-    fsdp_sharding: str = doc(
-        "full",
+    fsdp_sharding: FsdpSharding = doc(
+        FsdpSharding.full,
         "trainer.fsdp over several nodes: full = shard over every process of every node | hybrid = HSDP, shard "
         "within a node and replicate across nodes (gradients cross nodes once per step; docs/scaling.md)",
     )
@@ -522,9 +544,6 @@ class TrainerConfig:
         _check(self.eval_problems >= 1, "trainer.eval_problems", "must be >= 1")
         _check(self.total_steps >= 1, "trainer.total_steps", "must be >= 1")
         _check(self.questions_per_step >= 1, "trainer.questions_per_step", "must be >= 1")
-        _check(self.schedule in ("constant", "cosine"), "trainer.schedule", "must be constant or cosine")
-        _check(self.resume in ("auto", "never"), "trainer.resume", "must be auto or never")
-        _check(self.kl_estimator in ("k1", "k3"), "trainer.kl_estimator", "must be k1 or k3")
         _check(self.stop_timeout_s > 0, "trainer.stop_timeout_s", "must be > 0")
         for key in ("epochs_per_batch", "mini_batches", "micro_batch_tokens", "save_every", "keep_last"):
             _check(getattr(self, key) >= 1, f"trainer.{key}", "must be >= 1")
@@ -540,7 +559,6 @@ class TrainerConfig:
         _check(self.nproc >= 1, "trainer.nproc", "must be >= 1")
         _check(self.nnodes >= 1, "trainer.nnodes", "must be >= 1")
         _check(0 <= self.node_rank < self.nnodes, "trainer.node_rank", f"must be in [0, trainer.nnodes={self.nnodes})")
-        _check(self.fsdp_sharding in ("full", "hybrid"), "trainer.fsdp_sharding", "must be full or hybrid")
         _check(1 <= self.master_port <= 65535, "trainer.master_port", "must be a port (1-65535)")
         _check(self.collective_timeout_s > 0, "trainer.collective_timeout_s", "must be > 0")
 
@@ -562,7 +580,7 @@ class SFTConfig:
         "cold start: 16384)",
     )
     warmup_steps: int = doc(50, "linear warm-up steps")
-    schedule: str = doc("cosine", "constant | cosine (after warm-up)")
+    schedule: Schedule = doc(Schedule.cosine, "constant | cosine (after warm-up)")
     weight_decay: float = doc(0.0, "AdamW weight decay")
     code_fraction: float = doc(0.5, "synthesised traces: share that calls the interpreter (the rest answer directly)")
     traces_file: str | None = doc(
@@ -575,7 +593,9 @@ class SFTConfig:
     traces_split: str = doc("train", "hub split of traces_file")
     log_every: int = doc(25, "steps between lines of metrics.jsonl and the log")
     save_every: int = doc(100, "checkpoint every N steps (and at the end; the latest kept): a killed run loses < N")
-    resume: str = doc("auto", "auto: continue the latest checkpoint of an unfinished run of this config | never")
+    resume: bool = doc(
+        True, "continue the latest checkpoint of an unfinished run of this config; false: start over in the folder"
+    )
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "sft.steps", "must be >= 1")
@@ -585,10 +605,8 @@ class SFTConfig:
         for key in ("warmup_steps", "weight_decay"):
             _check(getattr(self, key) >= 0, f"sft.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.save_every >= 1, "sft.save_every", "must be >= 1")
-        _check(self.resume in ("auto", "never"), "sft.resume", "must be auto or never")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
         _check(0 <= self.code_fraction <= 1, "sft.code_fraction", "must be in [0, 1]")
-        _check(self.schedule in ("constant", "cosine"), "sft.schedule", "must be constant or cosine")
 
 
 # --------------------------------------------------------------------------- sandbox
@@ -770,6 +788,11 @@ class EvalConfig:
 # --------------------------------------------------------------------------- data hygiene
 
 
+class OverlapRule(str, enum.Enum):  # data/decontam.py
+    coverage = "coverage"  # share of the benchmark problem's n-grams found in the example (ignores boilerplate)
+    any = "any"  # open-r1's rule: one shared n-gram
+
+
 @dataclass
 class DecontamConfig:
     """`retool decontaminate`: drop training rows that overlap evaluation benchmarks (retool_cli/data/decontam.py)."""
@@ -783,7 +806,9 @@ class DecontamConfig:
         help="NAME -> a local file used instead of the hub (None: the hub)",
         factory=lambda: {"aime24": None, "aime25": None, "math500": None},
     )
-    rule: str = doc("coverage", "coverage (default: ignores shared boilerplate) | any (open-r1: one shared n-gram)")
+    rule: OverlapRule = doc(
+        OverlapRule.coverage, "coverage (default: ignores shared boilerplate) | any (open-r1: one shared n-gram)"
+    )
     n: int = doc(8, "word n-gram size of the `any` rule and of the shared-n-gram count in the report")
     coverage_n: int = doc(3, "word n-gram size of the coverage rule (small: edits break long n-grams)")
     threshold: float = doc(
@@ -805,7 +830,6 @@ class DecontamConfig:
     punctuation_folding: bool = doc(True, "drop punctuation before comparing")
 
     def __post_init__(self) -> None:
-        _check(self.rule in ("coverage", "any"), "decontam.rule", "must be coverage or any")
         _check(self.n >= 1, "decontam.n", "must be >= 1 (an n-gram size)")
         _check(self.coverage_n >= 1, "decontam.coverage_n", "must be >= 1 (an n-gram size)")
         _check(0 < self.threshold <= 1, "decontam.threshold", "must be in (0, 1]")
@@ -900,7 +924,7 @@ class RetoolConfig:
         self._check_budgets()
         self._check_learning_signal()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
-        hf_copy = self.rollout.engine is RolloutEngine.hf and self.rollout.dtype != "auto"
+        hf_copy = self.rollout.engine is RolloutEngine.hf and self.rollout.dtype != Dtype.auto
         _check(
             not (self.trainer.fsdp and (self.model.lora_rank or hf_copy)),
             "trainer.fsdp",

@@ -1,6 +1,6 @@
 """What the commands open before their loop, built in one place: the values a config leaves to the run
-resolved once, before anything reads them (`ckpt=` as the model to load, the training precision of
-`model.dtype=auto`, each process's device), the run folder (a fresh one or the unfinished run
+resolved once, before anything reads them (`ckpt=` as the model to load, each process's device; the
+precision is model/precision.py's), the run folder (a fresh one or the unfinished run
 of the same config), and a Runtime (tokenizer, tool protocol, engine, code runner, judge) opened by one
 `with`, closed together. Core code below the commands takes the config as it leaves here and never rewrites it."""
 
@@ -25,7 +25,7 @@ from retool_cli.env.sandbox import Sandbox
 from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import Runtime, Tool, ToolProtocol
-from retool_cli.model.loading import resolve_device, resolve_dtype
+from retool_cli.model.precision import Precision
 from retool_cli.rollout import build_engine
 from retool_cli.run_keys import find_resumable, write_key
 
@@ -89,46 +89,12 @@ def typed_keys() -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
 
 
-def training_precision(config: RetoolConfig) -> RetoolConfig:
-    """The precision `sft` and `train` train in. AdamW must update fp32 weights: an update smaller than half
-    a weight's bfloat16 spacing rounds away, and at RL learning rates (1e-6) that is almost every update
-    (measured: 1% of a bf16 layer's weights moved in 20 steps at lr 1e-6, all of an fp32 one). So
-    `model.dtype=auto` on CUDA trains fp32 weights under bf16 autocast (mixed precision), and with
-    `rollout.dtype=auto` the engine still samples in bfloat16 (vLLM in its own dtype; hf from a bf16 copy,
-    except under FSDP2). An explicit bfloat16/float16 `model.dtype` trains those weights as they are, with
-    a warning. LoRA runs keep the frozen base in `model.dtype`. Eval and sampling keep `auto` = bf16."""
-    model, trainer, rollout = config.model, config.trainer, config.rollout
-    # LoRA: only the adapters train, and peft keeps them in fp32 whatever the frozen base's dtype
-    if model.lora_rank:
-        return config
-    device = resolve_device(model.device)
-    if model.dtype == "auto" and device.type == "cuda":
-        log.info("model.dtype=auto on CUDA: training fp32 weights under bf16 autocast (mixed precision)")
-        if rollout.dtype == "auto" and (rollout.engine is RolloutEngine.vllm or not trainer.fsdp):
-            rollout = replace(rollout, dtype="bfloat16")  # sample in bf16 (hf: a copy; not with FSDP2 yet)
-        return replace(
-            config, model=replace(model, dtype="float32"), trainer=replace(trainer, bf16_autocast=True), rollout=rollout
-        )
-    if resolve_dtype(model.dtype, device) != torch.float32:
-        log.warning(
-            "model.dtype=%s: training updates %s weights directly; AdamW steps smaller than half "
-            "a weight's spacing in %s are lost (at RL learning rates, most of them). For mixed "
-            "precision use model.dtype=float32 trainer.bf16_autocast=true (what model.dtype=auto "
-            "picks on CUDA).",
-            model.dtype,
-            model.dtype,
-            model.dtype,
-        )
-    return config
-
-
 def for_this_process(config: RetoolConfig, rank: int, size: int) -> RetoolConfig:
     """The config as this process runs it: under several processes its own device (each sandbox claims its own
-    snippet uids, env/sandbox.py); the training precision resolved (model.dtype=auto on CUDA: fp32 weights
-    under bf16 autocast)."""
+    snippet uids, env/sandbox.py)."""
     if size > 1 and torch.cuda.is_available():
         config = replace(config, model=replace(config.model, device=f"cuda:{torch.cuda.current_device()}"))
-    return training_precision(config)
+    return config
 
 
 def run_folder(
@@ -179,7 +145,12 @@ def start_over(run_dir: Path, outputs: tuple[str, ...]) -> None:
 
 @contextlib.contextmanager
 def open_runtime(
-    config: RetoolConfig, tokenizer: Any, protocol: ToolProtocol, policy: Any = None, weights: str | None = None
+    config: RetoolConfig,
+    precision: Precision,
+    tokenizer: Any,
+    protocol: ToolProtocol,
+    policy: Any = None,
+    weights: str | None = None,
 ) -> Iterator[Runtime]:
     """The engine (sampling from `policy`; for a command that only samples, the model is loaded here, and vLLM
     loads `weights` itself), the tools when the protocol calls them (the code interpreter, over the sandbox), and the
@@ -187,8 +158,8 @@ def open_runtime(
     if policy is None and config.rollout.engine is not RolloutEngine.vllm:
         from retool_cli.model.loading import load_model
 
-        policy = load_model(config.model).eval()
-    engine = build_engine(config, policy, tokenizer, weights=weights)
+        policy = load_model(config.model, precision).eval()
+    engine = build_engine(config, precision, policy, tokenizer, weights=weights)
     with contextlib.ExitStack() as stack:
         use_tool = config.protocol.name is not ProtocolName.none
         tools: list[Tool] = []

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from retool_cli.compose import CONF_DIR
-from retool_cli.config import BenchmarkConfig, RetoolConfig
+from retool_cli.config import BenchmarkConfig, OverlapRule, RetoolConfig
 from retool_cli.data.dataset import MathExample, load_examples, prepare_dataset
 from retool_cli.data.decontam import BenchmarkIndex, flagged, number_precision, verdicts
 from retool_cli.errors import ConfigError
@@ -56,8 +56,9 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         )  # fmt: skip
         hits = 0
         for i, (s, c) in enumerate(zip(shared, cover, strict=True)):
-            o = s if cfg.rule == "any" else c.overlap
-            if flagged(s, "any", cfg.threshold) if cfg.rule == "any" else c.flagged:
+            any_rule = cfg.rule is OverlapRule.any
+            o = s if any_rule else c.overlap
+            if flagged(s, "any", cfg.threshold) if any_rule else c.flagged:
                 hits += 1
                 numbers = c.numbers if c.overlap.item == o.item else number_precision(texts[i], items[o.item])
                 match = {
@@ -87,14 +88,14 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
             "rows": len(rows),
             "kept": len(clean),
             "removed": len(removed),
-            "rule": cfg.rule,
+            "rule": cfg.rule.value,
             "threshold": cfg.threshold,
             "n": cfg.n,
             "coverage_n": cfg.coverage_n,
             "benchmarks": per_benchmark,
         },
     )
-    table = Table(title=f"retool decontaminate ({cfg.rule}): {len(rows)} rows, {len(removed)} removed")
+    table = Table(title=f"retool decontaminate ({cfg.rule.value}): {len(rows)} rows, {len(removed)} removed")
     for column in ("benchmark", "problems", "flagged rows", f"rows sharing an {cfg.n}-gram (any rule)"):
         table.add_column(column, justify="right")
     for name, stats in per_benchmark.items():

@@ -22,7 +22,8 @@ from retool_cli.eval.sampling import (
     training_step,
 )
 from retool_cli.files import write_json
-from retool_cli.model.loading import load_tokenizer, resolve_device
+from retool_cli.model.loading import load_tokenizer
+from retool_cli.model.precision import resolve_precision
 from retool_cli.provenance import data_record, package_versions
 from retool_cli.run_keys import config_key, setting_key, training_record
 from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
@@ -32,7 +33,7 @@ EVAL_OUTPUTS = ("samples.jsonl", "results.json")  # what eval.resume=false repla
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
-    resolve_device(config.model.device)  # a CUDA setting on a machine without CUDA: refused before anything loads
+    precision = resolve_precision(config)  # a CUDA setting on a machine without CUDA: refused before anything loads
     config = from_checkpoint(config)  # a training checkpoint replaces the model; its step labels the report
     problems, _ = load_benchmark(config)
     bench = config.benchmark
@@ -57,7 +58,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         out_dir,
     )
 
-    with open_runtime(config, tokenizer, protocol) as rt:
+    with open_runtime(config, precision, tokenizer, protocol) as rt:
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"eval {bench.name}", total=len(problems))
             plan = SamplingPlan.of(config, eval_rollout(config), config.eval.questions_per_batch)

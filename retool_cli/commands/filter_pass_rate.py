@@ -20,7 +20,8 @@ from retool_cli.env.protocol import build_protocol
 from retool_cli.errors import DataError
 from retool_cli.eval.sampling import SamplingPlan, sample_problems
 from retool_cli.files import atomic_open, text_lines, write_jsonl
-from retool_cli.model.loading import load_tokenizer, resolve_device
+from retool_cli.model.loading import load_tokenizer
+from retool_cli.model.precision import resolve_precision
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import from_checkpoint, open_runtime, run_folder
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     cfg = config.filter
-    resolve_device(config.model.device)  # a CUDA setting on a machine without CUDA: refused before anything loads
+    precision = resolve_precision(config)  # a CUDA setting on a machine without CUDA: refused before anything loads
     config = from_checkpoint(config)
     problems = load_examples(cfg.input, "filter.input") if cfg.input else prepare_dataset(config.data, config.seed)[0]
     shard = problems[config.shard.index :: config.shard.count]
@@ -45,7 +46,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     rollout = replace(config.rollout, group_size=cfg.n_samples)
-    with open_runtime(config, tokenizer, build_protocol(config.protocol, tokenizer)) as rt:
+    with open_runtime(config, precision, tokenizer, build_protocol(config.protocol, tokenizer)) as rt:
         plan = SamplingPlan.of(config, rollout, per_batch=1, per_problem_seeds=True)
         rows = sample_problems(shard, out_dir, plan, rt)
     positions = list(range(config.shard.index, len(problems), config.shard.count))  # places in the whole input

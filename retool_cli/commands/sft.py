@@ -1,5 +1,5 @@
 """retool sft: cold-start fine-tuning on code-interleaved traces (loss on the model's own tokens only);
-`sft.resume=auto` continues the latest checkpoint of an unfinished run of the same config (same batches, RNG
+`sft.resume=true` continues the latest checkpoint of an unfinished run of the same config (same batches, RNG
 and optimizer state)."""
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from retool_cli.errors import DataError
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_policy, load_tokenizer
+from retool_cli.model.precision import resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.run_keys import config_key
-from retool_cli.runtime import run_folder, training_precision
+from retool_cli.runtime import run_folder
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def warn_of_tiny_defaults(config: RetoolConfig) -> None:
         )
 
 
-def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int) -> float:
+def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int, bf16_autocast: bool) -> float:
     """Backpropagate the batch's negative log-likelihood of the model's tokens, in micro-batches; its value."""
     device = next(model.parameters()).device
     tokens = sum(sum(t.response_mask) for t in batch)
@@ -88,7 +89,7 @@ def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int
             [t.response_mask for t in chosen],
             pad_id,
             device,
-            bf16_autocast=config.trainer.bf16_autocast,
+            bf16_autocast=bf16_autocast,
             shared_prefix=config.model.accelerate,
         )  # (N,): the micro-batch's model tokens
         loss = -logp.sum() / tokens  # the mean over the whole batch's model tokens
@@ -99,19 +100,19 @@ def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     key = config_key(config)
-    config = training_precision(config)
+    precision = resolve_precision(config, training=True)
     cfg = config.sft
     torch.manual_seed(config.seed)
     warn_of_tiny_defaults(config)
     tokenizer = load_tokenizer(config.model)
     traces = sft_traces(config, tokenizer)  # a bad or empty file fails before the model loads
-    resume, outputs = cfg.resume == "auto", ("metrics.jsonl", "checkpoints", "final.txt", "sft.png")
+    resume, outputs = cfg.resume, ("metrics.jsonl", "checkpoints", "final.txt", "sft.png")
     out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=resume, outputs=outputs)
-    checkpoint = latest_checkpoint(out_dir, log.warning) if cfg.resume == "auto" else None
+    checkpoint = latest_checkpoint(out_dir, log.warning) if cfg.resume else None
     lora = config.model.lora_rank > 0  # a LoRA run resumes from its base weights plus the checkpoint's adapter
     source = str(checkpoint) if checkpoint and not lora else config.model.name_or_path
     adapter = checkpoint / "adapter" if checkpoint and lora else None
-    model = load_policy(config.model, source, config.trainer.gradient_checkpointing, adapter)
+    model = load_policy(config.model, precision, source, config.trainer.gradient_checkpointing, adapter)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.schedule)
     metrics = MetricsLog(out_dir)
@@ -128,7 +129,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     with stops.deferred():  # a stop signal ends the run at the end of a step (SFT steps are short)
         for step in range(start + 1, cfg.steps + 1):
             batch = rng.sample(traces, min(cfg.batch_size, len(traces)))
-            loss = batch_loss(config, model, batch, tokenizer.pad_token_id)
+            loss = batch_loss(config, model, batch, tokenizer.pad_token_id, precision.bf16_autocast)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
             optimizer.step()
             lr = scheduler.get_last_lr()[0]  # this step's rate (the scheduler then moves to the next step's)

@@ -1,4 +1,4 @@
-"""retool train: multi-turn RL with the code interpreter; `trainer.resume=auto` continues the latest
+"""retool train: multi-turn RL with the code interpreter; `trainer.resume=true` continues the latest
 checkpoint of an unfinished run of the same config (same data position, RNG and optimizer state)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rich.progress import Progress
 
 from retool_cli import run_lock, stops
 from retool_cli.checkpoint_paths import latest_checkpoint, record_of
-from retool_cli.config import RetoolConfig, RolloutEngine
+from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
@@ -27,7 +27,8 @@ from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer, resolve_device
+from retool_cli.model.loading import load_policy, load_tokenizer
+from retool_cli.model.precision import Precision, resolve_device, resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
 from retool_cli.rl.distributed import (
     agreed_stop,
@@ -49,7 +50,7 @@ from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
 
 log = logging.getLogger(__name__)
-# what trainer.resume=never replaces in its folder
+# what trainer.resume=false replaces in its folder
 OUTPUTS = ("metrics.jsonl", "rollouts.jsonl", "checkpoints", "evals", "tensorboard", "final.txt", "train.png")
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
 
@@ -60,7 +61,7 @@ def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextM
     return contextlib.nullcontext() if config.rollout.engine is RolloutEngine.vllm else full_weights(model)
 
 
-def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
+def policy_for(config: RetoolConfig, precision: Precision, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
     """The policy to train and where its weights came from. A checkpoint's weights are complete (LoRA merged
     in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
     trained parameters are the adapters again."""
@@ -68,7 +69,7 @@ def policy_for(config: RetoolConfig, checkpoint: Path | None, sharded: bool) -> 
     initial = config.model.name_or_path  # trainer.init_from's checkpoint (runtime.from_checkpoint) or the model
     source = str(checkpoint) if checkpoint and not lora else initial
     adapter = checkpoint / "adapter" if checkpoint and lora else None
-    model = load_policy(config.model, source, t.gradient_checkpointing, adapter)
+    model = load_policy(config.model, precision, source, t.gradient_checkpointing, adapter)
     if sharded and config.rollout.engine is RolloutEngine.hf and not supports(model):
         raise ConfigError(
             f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
@@ -129,14 +130,16 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     check_engine_span(config, size)
     examples, dev_split = training_examples(config)  # first: bad data fails before a model loads
     run_dir = same_folder_everywhere(run_dir)  # rank 0's; every node must see it
-    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume == "auto", outputs=OUTPUTS)
-    checkpoint = latest_checkpoint(out_dir, log.warning) if t.resume == "auto" else None
+    out_dir = run_folder(config, run_dir, key, "final.txt", "metrics.jsonl", resume=t.resume, outputs=OUTPUTS)
+    checkpoint = latest_checkpoint(out_dir, log.warning) if t.resume else None
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model, source = policy_for(config, checkpoint, sharded=t.fsdp and size > 1)
+    precision = resolve_precision(config, training=True)
+    log.info("precision: %s", precision)
+    model, source = policy_for(config, precision, checkpoint, sharded=t.fsdp and size > 1)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
     if t.fsdp and size > 1:  # after the reference copy: that one stays whole on each process
-        shard(model, replicas=t.nnodes if t.fsdp_sharding == "hybrid" else 1)
+        shard(model, replicas=t.nnodes if t.fsdp_sharding is FsdpSharding.hybrid else 1)
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
     metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, {"seed": config.seed, "recipe": source}, rank)
@@ -147,14 +150,14 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     checkpoint_at = Checkpointing(config, out_dir, model, tokenizer, optimizer, scheduler, rank)
     checkpoint_at.last = start
     with (
-        open_runtime(config, tokenizer, protocol, policy=model, weights=source) as rt,
+        open_runtime(config, precision, tokenizer, protocol, policy=model, weights=source) as rt,
         Progress(console=Console(stderr=True)) as progress,
         stops.deferred(),  # a stop ends the run at a step's end (all ranks agreed), or alone in the rollouts
     ):
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
         sync_weights(config, rt.engine, model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
-        plan = StepPlan.of(config)
+        plan = StepPlan.of(config, precision)
         for step in range(start + 1, t.total_steps + 1):
             timer, before = Timer(), {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
             try:  # one process: a stop abandons the rollouts at once (nothing trained yet); several: see agreed_stop

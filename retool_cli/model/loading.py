@@ -12,26 +12,10 @@ import torch
 
 from retool_cli.config import ModelConfig
 from retool_cli.errors import ConfigError
+from retool_cli.model.precision import Precision
 from retool_cli.model.tokenizer_check import check_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"model.device={name} but CUDA is not available here; use model.device=cpu or auto")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device, key: str = "model.dtype") -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ConfigError(f"{key}={name!r}: use one of auto, {', '.join(dtypes)}")
-    return dtypes[name]
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # NAME or ORG/NAME
@@ -128,28 +112,31 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     return tokenizer
 
 
-def load_model(cfg: ModelConfig) -> Any:
+def load_model(cfg: ModelConfig, precision: Precision) -> Any:
+    """The model of `cfg.name_or_path` in `precision`'s weights dtype, on its device."""
     check_torchvision()
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
     path = model_path(cfg)
     check_model_folder(path)
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=precision.weights)
     except (OSError, ValueError, RuntimeError) as exc:  # missing or cut-short weights, an unknown architecture
         raise loading_error("weights", path, exc) from None
-    return model.to(device)
+    return model.to(precision.device)
 
 
 def load_policy(
-    cfg: ModelConfig, source: str | None = None, gradient_checkpointing: bool = False, adapter: Path | None = None
+    cfg: ModelConfig,
+    precision: Precision,
+    source: str | None = None,
+    gradient_checkpointing: bool = False,
+    adapter: Path | None = None,
 ) -> Any:
     """The policy to train, in train mode: weights from `source` (default: `cfg.name_or_path`), optional
     gradient checkpointing, and LoRA adapters when `cfg.lora_rank` > 0 (`adapter`: a checkpoint's, to resume)."""
 
-    model = load_model(replace(cfg, name_or_path=source or cfg.name_or_path))
+    model = load_model(replace(cfg, name_or_path=source or cfg.name_or_path), precision)
     if gradient_checkpointing:  # newer transformers name it activation checkpointing; the old name warns
         enable = getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
         enable()

@@ -21,6 +21,7 @@ from retool_cli.config import RetoolConfig, RewardConfig, RewardControl, Rollout
 from retool_cli.data.dataset import MathExample, take_batch
 from retool_cli.env.reward import reward_metrics, score_batch
 from retool_cli.interfaces import Runtime, Tool
+from retool_cli.model.precision import Precision
 from retool_cli.rl.algorithms import (
     degenerate_groups,
     shuffled_rewards,
@@ -44,10 +45,12 @@ class StepPlan:
     seed: int  # the run's seed; each step's and round's seed follows from it
     max_context_tokens: int  # prompt + response bound of one trajectory
     shared_prefix: bool = False  # model.accelerate: each GRPO prompt computed once in the training forward
+    bf16_autocast: bool = False  # the training forward's matmuls in bfloat16 (Precision.bf16_autocast)
 
     @classmethod
-    def of(cls, cfg: RetoolConfig) -> StepPlan:
-        return cls(cfg.trainer, cfg.rollout, cfg.reward, cfg.seed, cfg.context_tokens(), cfg.model.accelerate)
+    def of(cls, cfg: RetoolConfig, precision: Precision) -> StepPlan:
+        t, context = cfg.trainer, cfg.context_tokens()
+        return cls(t, cfg.rollout, cfg.reward, cfg.seed, context, cfg.model.accelerate, precision.bf16_autocast)
 
     @property
     def temperature(self) -> float:

@@ -55,7 +55,7 @@ class Forward:
     def of(cls, plan: StepPlan, model: torch.nn.Module, pad_id: int) -> Forward:
         device = next(model.parameters()).device
         t = plan.trainer
-        return cls(pad_id, device, t.micro_batch_tokens, t.bf16_autocast, plan.shared_prefix, plan.temperature)
+        return cls(pad_id, device, t.micro_batch_tokens, plan.bf16_autocast, plan.shared_prefix, plan.temperature)
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,9 @@ def optimize(
             lengths = [len(x.token_ids) for x in mini.trajectories]
             for group in _equalized(micro_batches(lengths, t.micro_batch_tokens), model):
                 if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
+                    empty = [[forward.pad_id] * 2]
                     logp, _, _ = sequence_logprobs(
-                        model, [[forward.pad_id] * 2], forward.pad_id, forward.device, bf16_autocast=t.bf16_autocast
+                        model, empty, forward.pad_id, forward.device, bf16_autocast=forward.bf16_autocast
                     )
                     (logp.sum() * 0.0).backward()
                     continue

@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.interfaces import Engine
+from retool_cli.model.precision import Precision
 
 
-def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | None = None) -> Engine:
-    """The rollout engine of `rollout.engine`; vLLM is imported only when selected. vLLM loads `weights` (a
-    checkpoint folder or hub id; default `model.name_or_path`): the policy's architecture and tokenizer.
-    A trainer then syncs the policy's own weights into it before the first rollout."""
+def build_engine(
+    cfg: RetoolConfig, precision: Precision, model: Any, tokenizer: Any, weights: str | None = None
+) -> Engine:
+    """The rollout engine of `rollout.engine`, sampling in `precision.sampling`; vLLM is imported only when
+    selected. vLLM loads `weights` (a checkpoint folder or hub id; default `model.name_or_path`): the policy's
+    architecture and tokenizer. A trainer then syncs the policy's own weights into it before the first rollout."""
     if cfg.rollout.engine is RolloutEngine.vllm:
         from retool_cli.model.loading import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
@@ -23,7 +24,7 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
         path = model_path(replace(cfg.model, name_or_path=weights or cfg.model.name_or_path))
         return VLLMEngine(
             path,
-            dtype=vllm_dtype(cfg),
+            dtype=precision.sampling,
             seed=cfg.seed,
             max_model_len=cfg.context_tokens(),
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
@@ -34,18 +35,6 @@ def build_engine(cfg: RetoolConfig, model: Any, tokenizer: Any, weights: str | N
             enforce_eager=r.vllm_enforce_eager,
             tensor_parallel_size=r.vllm_tensor_parallel_size,
         )
-    from retool_cli.model.loading import resolve_dtype
     from retool_cli.rollout.hf_engine import HFEngine
 
-    device = next(model.parameters()).device
-    dtype = None if cfg.rollout.dtype == "auto" else resolve_dtype(cfg.rollout.dtype, device, "rollout.dtype")
-    return HFEngine(model, tokenizer, dtype, accelerate=cfg.model.accelerate)
-
-
-def vllm_dtype(cfg: RetoolConfig) -> str:
-    """vLLM's dtype: `rollout.dtype`, else `model.dtype`; `auto` is bfloat16 on CUDA, not the dtype a checkpoint
-    was saved in (mixed-precision training saves fp32 weights), and float32 on CPU (as `model.dtype=auto`)."""
-    dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-    if dtype == "auto":
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-    return dtype
+    return HFEngine(model, tokenizer, precision.sampling, accelerate=cfg.model.accelerate)

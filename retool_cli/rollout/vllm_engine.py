@@ -38,7 +38,7 @@ import torch
 
 from retool_cli.errors import ConfigError, EngineRequestError, RetoolError
 from retool_cli.interfaces import Generation, Sampling
-from retool_cli.model.loading import check_torchvision, resolve_dtype
+from retool_cli.model.loading import check_torchvision
 from retool_cli.model.tokenizer_check import check_same_tokenizer
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class VLLMEngine:
     def __init__(
         self,
         model_path: str,
-        dtype: str,
+        dtype: torch.dtype,
         seed: int,
         max_model_len: int,
         gpu_memory_utilization: float,
@@ -144,9 +144,8 @@ class VLLMEngine:
                 "vLLM: no sleep mode on %s; the engine keeps its memory while the trainer runs",
                 current_platform.device_name,
             )
-        device = torch.device("cuda" if current_platform.is_cuda_alike() else "cpu")
-        self.on_cpu = device.type == "cpu"
-        self.dtype = resolve_dtype(dtype, device, "rollout.dtype")  # what weight syncs send
+        self.on_cpu = not current_platform.is_cuda_alike()
+        self.dtype = dtype  # what weight syncs send
         _check_head_size(model_path, current_platform)
         extra = _memory_and_batching(self.on_cpu, kv_cache_gib, max_model_len)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process (see the docstring)
@@ -158,7 +157,7 @@ class VLLMEngine:
             with _hidden_from_kernel_scan():
                 self.llm = vllm.LLM(
                     model=model_path,
-                    dtype=dtype,
+                    dtype=str(dtype).removeprefix("torch."),
                     seed=seed,
                     max_model_len=max_model_len,
                     gpu_memory_utilization=gpu_memory_utilization,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import re
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from retool_cli.cli import hydra_argv
@@ -162,13 +164,54 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
     [
         (["trainer.fsdp=true", "model.lora_rank=4"], "trainer.fsdp: LoRA"),
         (["trainer.fsdp=true", "rollout.dtype=bfloat16"], "trainer.fsdp: LoRA"),
-        (["rollout.dtype=fp8"], "rollout.dtype: 'fp8' is not one of auto"),
         (["model.lora_rank=-1"], "model.lora_rank: must be >= 0"),
     ],
 )
 def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         composed("train", overrides)
+
+
+def choice_fields() -> list[tuple[str, type, str]]:
+    """(dotted key, annotation, help) of every field of every section of the schema."""
+    from dataclasses import fields, is_dataclass
+    from typing import get_type_hints
+
+    found = []
+    for section in fields(RetoolConfig):
+        default = getattr(RetoolConfig(), section.name)
+        if not is_dataclass(default):
+            continue
+        hints = get_type_hints(type(default))
+        found += [(f"{section.name}.{f.name}", hints[f.name], f.metadata.get("help", "")) for f in fields(default)]
+    return found
+
+
+# A string field whose help lists alternatives but that takes more than those (why, per key).
+OPEN_STRINGS = {"model.device": "cuda:N names one device"}
+
+
+def test_every_choice_field_is_an_enum_that_refuses_another_value_naming_the_key() -> None:
+    """A field documented as `a | b` is an enum (OmegaConf refuses anything else at composition, naming the
+    key and the choices), not a string checked by hand in one place and compared by spelling in others."""
+    hand_checked = [
+        key
+        for key, kind, help in choice_fields()
+        if not (isinstance(kind, type) and issubclass(kind, enum.Enum)) and " | " in help and key not in OPEN_STRINGS
+    ]
+    assert not hand_checked, f"choices spelled as strings: {hand_checked}"
+    enums = [(key, kind) for key, kind, _ in choice_fields() if isinstance(kind, type) and issubclass(kind, enum.Enum)]
+    assert len(enums) >= 19
+    for key, _ in enums:
+        with pytest.raises(ConfigCompositionException) as refused:
+            composed_raw("train", [f"{key}=no_such_choice"])
+        why = str(refused.value.__cause__)
+        assert re.search(rf"(?s)Invalid value 'no_such_choice'.*full_key: {re.escape(key)}\n", why), why
+
+
+def test_resume_is_a_bool_in_every_section() -> None:
+    kinds = {key: kind for key, kind, _ in choice_fields() if key.endswith(".resume")}
+    assert kinds == {"trainer.resume": bool, "sft.resume": bool, "eval.resume": bool}
 
 
 # ------------------------------------------------------------------ budgets

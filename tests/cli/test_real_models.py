@@ -115,7 +115,7 @@ def test_an_imitating_model_reproduces_its_trajectory_through_the_loop(
         from retool_cli.rollout.vllm_engine import VLLMEngine
 
         engine = VLLMEngine(
-            str(imitating_model), "float32", 0, 1024, 0.5, sleep_mode=False, kv_cache_gib=0.25, tokenizer=tokenizer
+            str(imitating_model), torch.float32, 0, 1024, 0.5, sleep_mode=False, kv_cache_gib=0.25, tokenizer=tokenizer
         )
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=1)) as sandbox, Verifier(timeout_s=10) as judge:
         for name, protocol in protocols(tokenizer).items():

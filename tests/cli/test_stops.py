@@ -124,7 +124,7 @@ def reference(tmp_path_factory) -> list[dict]:
 
 @pytest.mark.parametrize(
     ("signum", "extra"),
-    [(signal.SIGTERM, []), (signal.SIGINT, ["trainer.save_on_signal=true", "trainer.resume=never"])],
+    [(signal.SIGTERM, []), (signal.SIGINT, ["trainer.save_on_signal=true", "trainer.resume=false"])],
     ids=["sigterm", "sigint-save_on_signal-resume_never"],
 )
 def test_train_stops_cleanly_and_resumes_exactly(
@@ -142,7 +142,7 @@ def test_train_stops_cleanly_and_resumes_exactly(
     logged = [r["step"] for r in rows_of(run)]
     saved = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
     if extra:  # every logged step is in a checkpoint: nothing finished is lost
-        assert "trainer.resume=auto" in again and saved and saved[-1] == logged[-1] < 4
+        assert "trainer.resume=true" in again and saved and saved[-1] == logged[-1] < 4
     run_retool(*again, cwd=tmp_path, check=True)
     assert comparable(rows_of(run)) == reference
     assert (run / "final.txt").exists()

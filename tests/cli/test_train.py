@@ -106,8 +106,8 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     [run] = [p.parent for p in broken.rglob("final.txt")]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3", "step_4"]  # keep_last=2
     assert (run / "train.png").exists()
-    # the finished run's folder again with trainer.resume=never: started over there, nothing appended
-    run_retool(*args, "trainer.resume=never", f"hydra.run.dir={run}", cwd=broken, check=True)
+    # the finished run's folder again with trainer.resume=false: started over there, nothing appended
+    run_retool(*args, "trainer.resume=false", f"hydra.run.dir={run}", cwd=broken, check=True)
     assert comparable(read_jsonl(run / "metrics.jsonl")) == comparable(reference)
     assert read_jsonl(run / "rollouts.jsonl") == kept
 

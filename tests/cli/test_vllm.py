@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from retool_cli.model.precision import Precision
 from tests.cli.test_train import SFT, TRAIN, comparable, metrics_of
 from tests.helpers import die_after, read_jsonl, run_retool
+
+FP32_CPU = Precision(torch.device("cpu"), torch.float32, False, torch.float32)  # model.dtype=auto on a CPU
 
 # vLLM as users run it (compiled): the greedy parity test; the others skip compilation, which vLLM 0.32's CPU
 # build redoes at every engine start (10-20 s; rollout.vllm_enforce_eager)
@@ -135,7 +138,7 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
     checkpoint = latest_checkpoint(sft_run)
     assert checkpoint is not None
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    engine = VLLMEngine(str(checkpoint), "float32", 0, 1024, 0.5, False, kv_cache_gib=0.25, tokenizer=tokenizer)
+    engine = VLLMEngine(str(checkpoint), torch.float32, 0, 1024, 0.5, False, kv_cache_gib=0.25, tokenizer=tokenizer)
     recipe_prompt = "Solve it. Use <code> for hard arithmetic. Answer in \\boxed{}."  # conf/recipe/dapo_smoke.yaml
     protocol = build_protocol(ProtocolConfig(system_prompt=recipe_prompt), tokenizer)
     examples = [MathExample(i, q, a, "synthetic") for i, q, a, _ in generate(SyntheticConfig(num_examples=8), 3)]
@@ -176,4 +179,4 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_run: Path) -> None:
         assert t.stop_reason == "deadline" if r.tool_calls else t.stop_reason in ("deadline", r.stop_reason)
         assert t.stop_reason == "deadline" or t.response_ids == r.response_ids
     assert not engine.llm.llm_engine.has_unfinished_requests()
-    engine.update_weights(load_model(ModelConfig(name_or_path=str(checkpoint), device="cpu")))
+    engine.update_weights(load_model(ModelConfig(name_or_path=str(checkpoint)), FP32_CPU))

@@ -47,7 +47,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -63,7 +63,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def readme_layers() -> list[str]:
     """The packages of the README's layer list, lowest first."""
     text = (ROOT / "README.md").read_text()
-    block = text[text.index("layers (each a package") :].split("\n\n")[0]
+    block = text[text.index("layers, lowest first (each a package") :].split("\n\n")[0]
     return re.findall(r"^\s{6}(\w+)/\s", block, flags=re.M)
 
 

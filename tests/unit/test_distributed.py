@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data.dataset import MathExample
+from retool_cli.model.precision import resolve_precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.distributed import full_state, shard
 from retool_cli.rl.optim import build_scheduler
@@ -62,7 +63,14 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient itself
     scheduler = build_scheduler(optimizer, 0, 1, "constant")
     mine_batch = rollout_batch([trajectories[i] for i in mine], rewards[mine])
-    stats = update(StepPlan.of(cfg), model, mine_batch, optimizer, scheduler, tokenizer.pad_token_id)
+    stats = update(
+        StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+        model,
+        mine_batch,
+        optimizer,
+        scheduler,
+        tokenizer.pad_token_id,
+    )
     weights, _ = full_state(model, optimizer)  # FSDP2: gathered on rank 0 (a collective)
     # what a vLLM engine per rank gets: whole tensors on every rank, gathered one at a time
     gathered = dict(whole_tensors(model.state_dict(), torch.float32))

@@ -15,6 +15,7 @@ from retool_cli.data.dataset import MathExample
 from retool_cli.env.protocol import build_protocol
 from retool_cli.env.reward import Verifier
 from retool_cli.interfaces import Runtime
+from retool_cli.model.precision import resolve_precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.step import StepPlan, collect, step_metrics
@@ -54,7 +55,7 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     protocol = build_protocol(cfg.protocol, tokenizer)
     with Verifier(timeout_s=5, workers=1) as verifier:
         rt = Runtime(tokenizer, protocol, ScriptedEngine(tokenizer, script), [], verifier)
-        batch, cursor = collect(StepPlan.of(cfg), examples, 0, 1, rt)
+        batch, cursor = collect(StepPlan.of(cfg, resolve_precision(cfg, training=True)), examples, 0, 1, rt)
     assert cursor == 4 and len(batch) == 16  # two rounds of 2 questions x 4 samples
     assert batch.tensors["reward"][:8].tolist() == [1.0] * 8
     assert sorted(batch.tensors["reward"][8:].tolist()) == [-1.0] * 4 + [1.0] * 4
@@ -63,7 +64,12 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
 
     optimizer = build_optimizer(model, 1e-3, 0.0)
     stats = update(
-        StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), tokenizer.pad_token_id
+        StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+        model,
+        batch,
+        optimizer,
+        build_scheduler(optimizer, 0, 1, "constant"),
+        tokenizer.pad_token_id,
     )
     assert stats["train/degenerate_group_rate"] == 0.5 and stats["train/optimizer_steps"] == 1.0
     assert stats["train/grad_norm"] > 0
@@ -72,7 +78,8 @@ def test_dynamic_sampling_samples_more_rounds_and_the_update_drops_equal_groups(
     calls = itertools.count()
     with Verifier(timeout_s=5, workers=1) as verifier:
         rt = Runtime(tokenizer, protocol, ScriptedEngine(tokenizer, script), [], verifier)
-        once, cursor = collect(StepPlan.of(config(dynamic=False)), examples, 0, 1, rt)
+        plain = config(dynamic=False)
+        once, cursor = collect(StepPlan.of(plain, resolve_precision(plain)), examples, 0, 1, rt)
     assert cursor == 2 and len(once) == 8 and torch.equal(once.tensors["reward"], torch.ones(8))
 
 
@@ -96,7 +103,14 @@ def test_entropy_metric_and_bonus(tokenizer) -> None:
         cfg.trainer.entropy_coef, cfg.trainer.grad_clip = coef, 1e9
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         batch = rollout_batch(trajectories, torch.ones(4))  # equal rewards: every advantage is 0
-        stats = update(StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
+        stats = update(
+            StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+            model,
+            batch,
+            optimizer,
+            build_scheduler(optimizer, 0, 1, "constant"),
+            0,
+        )
         return stats, model
 
     def mean_entropy(model) -> float:
@@ -155,7 +169,13 @@ def test_shuffled_reward_control_keeps_the_rewards_and_cuts_their_link(tokenizer
         cfg.reward.control = control
         with Verifier(timeout_s=5, workers=1) as verifier:
             engine, protocol = ScriptedEngine(tokenizer, script), build_protocol(cfg.protocol, tokenizer)
-            batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, Runtime(tokenizer, protocol, engine, [], verifier))
+            batch, _ = collect(
+                StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+                examples,
+                0,
+                1,
+                Runtime(tokenizer, protocol, engine, [], verifier),
+            )
         return batch
 
     real, control = collected(RewardControl.none), collected(RewardControl.shuffled)
@@ -195,7 +215,14 @@ def test_a_void_trajectory_changes_nothing_in_the_update(tokenizer) -> None:
         for x, i in zip(picked, chosen, strict=True):
             x.infra = "sandbox" if i == void else ""
         batch = rollout_batch(picked, rewards[chosen])
-        stats = update(StepPlan.of(cfg), model, batch, optimizer, build_scheduler(optimizer, 0, 1, "constant"), 0)
+        stats = update(
+            StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+            model,
+            batch,
+            optimizer,
+            build_scheduler(optimizer, 0, 1, "constant"),
+            0,
+        )
         assert stats["train/void_rate"] == (1 / len(chosen) if void is not None else 0.0)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -239,7 +266,7 @@ def test_every_rollout_correction_is_no_correction_when_the_sampler_is_the_train
         for x in picked[::2]:  # every other trajectory's sampler put its tokens `shift` nats likelier
             x.response_logprobs = [v + shift * (k % 2) for k, v in enumerate(x.response_logprobs)]
         stats = update(
-            StepPlan.of(cfg),
+            StepPlan.of(cfg, resolve_precision(cfg, training=True)),
             model,
             rollout_batch(picked, rewards),
             optimizer,

@@ -290,12 +290,14 @@ def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenize
     stay fp32), a trainer step does not reach it until update_weights, and then it does."""
     from retool_cli.config import RetoolConfig
     from retool_cli.interfaces import Sampling
+    from retool_cli.model.precision import resolve_precision
     from retool_cli.rollout import build_engine
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     cfg = RetoolConfig()
+    cfg.model.device = "cpu"
     cfg.rollout.dtype = "bfloat16"
-    engine = build_engine(cfg, model, tokenizer)
+    engine = build_engine(cfg, resolve_precision(cfg, training=True), model, tokenizer)
     assert engine.model is not model and next(engine.model.parameters()).dtype == torch.bfloat16
     assert next(model.parameters()).dtype == torch.float32
     # the copy, cast parameter by parameter: every tensor equals the policy's cast, tied weights stay tied,
@@ -316,7 +318,4 @@ def test_hf_engine_in_another_dtype_keeps_its_own_copy_and_refreshes_it(tokenize
     assert synced.dtype == torch.bfloat16 and torch.equal(synced, next(model.parameters()).to(torch.bfloat16))
     # sharing (rollout.dtype=auto): no copy, nothing to refresh
     cfg.rollout.dtype = "auto"
-    assert build_engine(cfg, model, tokenizer).model is model
-    cfg.rollout.dtype = "fp8"
-    with pytest.raises(ConfigError, match="rollout.dtype='fp8'"):
-        build_engine(cfg, model, tokenizer)
+    assert build_engine(cfg, resolve_precision(cfg, training=True), model, tokenizer).model is model

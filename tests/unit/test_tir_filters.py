@@ -16,6 +16,7 @@ from retool_cli.env.protocol import TaggedProtocol
 from retool_cli.env.reward import Verifier
 from retool_cli.env.tools import CodeInterpreter
 from retool_cli.interfaces import Runtime, ToolOutput
+from retool_cli.model.precision import resolve_precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.optim import build_scheduler
 from retool_cli.rl.step import StepPlan, collect, rollout_batch
@@ -79,7 +80,14 @@ def test_filter_void_turns_takes_their_trajectories_out_of_the_loss(tokenizer) -
             for x in picked:
                 x.response_mask = [0] * len(x.response_ids) if x.void_turns else x.response_mask
         scheduler = build_scheduler(optimizer, 0, 1, "constant")
-        stats = update(StepPlan.of(cfg), model, rollout_batch(picked, rewards), optimizer, scheduler, 0)
+        stats = update(
+            StepPlan.of(cfg, resolve_precision(cfg, training=True)),
+            model,
+            rollout_batch(picked, rewards),
+            optimizer,
+            scheduler,
+            0,
+        )
         return {k: v.detach().clone() for k, v in model.state_dict().items()}, stats
 
     filtered, stats = step(True, False)
@@ -150,7 +158,7 @@ def test_collect_with_roc_trains_on_group_size_samples_per_question(tokenizer) -
     with Verifier(timeout_s=5, workers=1) as verifier:
         engine = ScriptedEngine(tokenizer, script)
         rt = Runtime(tokenizer, TaggedProtocol(tokenizer, "SYS"), engine, [], verifier)
-        batch, _ = collect(StepPlan.of(cfg), examples, 0, 1, rt)
+        batch, _ = collect(StepPlan.of(cfg, resolve_precision(cfg, training=True)), examples, 0, 1, rt)
     assert len(engine.seen_prompts) == 2 * 4 * 3  # 2 questions x 4 x 3 sampled
     assert [x.example.id for x in batch.objects["trajectory"]] == ["q0"] * 4 + ["q1"] * 4
     metrics = batch.meta["metrics"]

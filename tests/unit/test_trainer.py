@@ -7,8 +7,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from retool_cli.model.precision import Precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches, sequence_logprobs
+
+FP32_CPU = Precision(torch.device("cpu"), torch.float32, False, torch.float32)  # model.dtype=auto on a CPU
 
 
 def test_bf16_autocast_logprobs_close_to_fp32_and_gradients_stay_fp32() -> None:
@@ -50,7 +53,7 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
 
     torch.manual_seed(0)
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_alpha=8.0)
-    policy = load_policy(cfg, str(tiny_model_path()))
+    policy = load_policy(cfg, FP32_CPU, str(tiny_model_path()))
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     base_before = {k: v.clone() for k, v in policy.get_base_model().state_dict().items() if "lora_" not in k}
@@ -102,7 +105,7 @@ def test_lora_target_modules_that_match_nothing_is_a_config_error() -> None:
 
     cfg = ModelConfig(name_or_path="tiny", device="cpu", lora_rank=4, lora_target_modules=["no_such_proj"])
     with pytest.raises(ConfigError, match=r"model.lora_target_modules=\['no_such_proj'\]"):
-        load_policy(cfg, str(tiny_model_path()))
+        load_policy(cfg, FP32_CPU, str(tiny_model_path()))
 
 
 def _grouped_sequences(seed: int) -> tuple[list[list[int]], list[int]]:

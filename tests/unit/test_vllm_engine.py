@@ -20,12 +20,15 @@ from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import Sampling
 from retool_cli.model.loading import apply_lora, merged_state_dict
+from retool_cli.model.precision import Precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl.logprobs import sequence_logprobs
 from retool_cli.rollout.agent import run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
 from retool_cli.rollout.vllm_engine import VLLMEngine
 from tests.scripted import ScriptedEngine
+
+FP32_CPU = Precision(torch.device("cpu"), torch.float32, False, torch.float32)  # model.dtype=auto on a CPU
 
 GREEDY = Sampling(temperature=0.0)
 QUESTIONS = [
@@ -62,7 +65,7 @@ def tokenizer(policy_dir: Path):
 def engine(policy_dir: Path) -> VLLMEngine:
     return VLLMEngine(
         str(policy_dir),
-        "float32",
+        torch.float32,
         seed=0,
         max_model_len=512,
         gpu_memory_utilization=0.5,
@@ -229,7 +232,7 @@ def test_a_model_vllm_cannot_run_is_refused_before_loading(tmp_path: Path) -> No
     """vLLM's CPU attention has no kernel for 16-wide heads: a clear error naming the key, not a crash."""
     path = tiny_model_path({"heads": 4})  # 64 / 4 = 16
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm: vLLM's CPU attention runs head sizes.*has 16"):
-        VLLMEngine(str(path), "float32", seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False)
+        VLLMEngine(str(path), torch.float32, seed=0, max_model_len=512, gpu_memory_utilization=0.5, sleep_mode=False)
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
@@ -254,4 +257,4 @@ def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
     with pytest.raises(ConfigError, match=r"torchvision::nms.*pip uninstall -y torchvision torchaudio torchcodec"):
-        load_model(ModelConfig(name_or_path=str(tiny_model_path()), device="cpu"))
+        load_model(ModelConfig(name_or_path=str(tiny_model_path())), FP32_CPU)
