@@ -1,8 +1,9 @@
 """The `retool` command: a Typer app whose subcommands hand their arguments to `hydra.main`.
 
 Typer gives the subcommand list and `retool --help`; Hydra owns everything after the subcommand
-name (overrides, -m multirun, --cfg, launchers, `--help` with the config groups), so sweeps and
-Slurm launchers work as in any Hydra app.
+name (overrides, -m multirun, --cfg, --hydra-help, launchers), so sweeps and Slurm launchers work as in
+any Hydra app. `retool COMMAND --help` is ours (command_help, help.py): the command's main keys with
+their values as composed under the overrides typed, its config groups, examples.
 """
 
 from __future__ import annotations
@@ -271,14 +272,14 @@ app = typer.Typer(
     name="retool",
     help="ReTool experiment suite: RL of tool-integrated math reasoning. "
     "Each subcommand takes Hydra overrides, e.g. `retool prepare recipe=dapo_smoke seed=1`; "
-    "`retool <command> --help` shows its config groups and composed config.",
+    "`retool <command> --help` shows its main keys (composed values, docs), config groups and examples.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 _HYDRA_COMMAND: dict[str, Any] = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
-    "add_help_option": False,  # --help goes to Hydra, which shows the config groups
+    "add_help_option": False,  # --help reaches run_hydra_command, which prints command_help (not Typer's)
 }
 
 

@@ -243,7 +243,7 @@ def test_vllm_missing_is_a_clear_error(monkeypatch) -> None:
     cfg = RetoolConfig()
     cfg.rollout.engine = RolloutEngine.vllm
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm needs vLLM.*make vllm-cpu.*rollout.engine=hf"):
-        build_engine(cfg, None, None)
+        build_engine(cfg, FP32_CPU, None, None)
 
 
 def test_a_broken_torchvision_is_named_with_its_fix(tmp_path: Path, monkeypatch) -> None:
