@@ -19,6 +19,14 @@ SMALL_TRAIN = [
 ]
 
 
+# The small synthetic set of the end-to-end tests.
+TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
+# The SFT run every test that starts from an SFT checkpoint shares (tests/conftest.py: sft_checkpoint, made once a
+# test run), and its arguments for the tests that stop it and resume: 60 steps give a checkpoint that writes calls
+# (most still malformed); metrics every 5 steps (a stop at step 5 has a row to wait for), checkpoints every 20.
+SFT = [*TINY, "sft.steps=60", "sft.batch_size=16", "sft.log_every=5", "sft.save_every=20", "sft.warmup_steps=5"]
+
+
 # Metrics that measure the machine's speed, not the run: left out where runs are compared.
 TIMING = ("time/", "rollout/generate_s", "rollout/wait_tools_s", "rollout/gen_tokens_per_s", "rollout/reward_s")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.cli.test_train import TRAIN, comparable, metrics_of, sft_run  # noqa: F401 (sft_run: a fixture)
+from tests.cli.test_train import TRAIN, comparable, metrics_of
 from tests.cli.test_vllm import VLLM
 from tests.helpers import run_retool
 
@@ -83,14 +83,16 @@ def two_nodes_and_one(args: list[str], cwd: Path) -> subprocess.CompletedProcess
     return one
 
 
-def test_two_nodes_with_fsdp2_make_the_run_of_one_node(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
-    two_nodes_and_one([*ARGS, "trainer.total_steps=2", f"trainer.init_from={sft_run}", "trainer.fsdp=true"], tmp_path)
+def test_two_nodes_with_fsdp2_make_the_run_of_one_node(sft_checkpoint: Path, tmp_path: Path) -> None:
+    two_nodes_and_one(
+        [*ARGS, "trainer.total_steps=2", f"trainer.init_from={sft_checkpoint}", "trainer.fsdp=true"], tmp_path
+    )
 
 
-def test_two_nodes_with_vllm_engines_and_a_periodic_eval(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_two_nodes_with_vllm_engines_and_a_periodic_eval(sft_checkpoint: Path, tmp_path: Path) -> None:
     """Each process runs its own vLLM engine in-process (external launcher), and rank 0's engine alone serves
     the periodic eval (no collective inside vLLM's generate waits for another rank): on two nodes as on one."""
-    args = [*ARGS, *VLLM, "trainer.total_steps=2", f"trainer.init_from={sft_run}", "trainer.eval_every=2"]
+    args = [*ARGS, *VLLM, "trainer.total_steps=2", f"trainer.init_from={sft_checkpoint}", "trainer.eval_every=2"]
     args += ["trainer.eval_problems=3", "benchmark.n_samples=2", "benchmark.max_response_tokens=48"]
     one = two_nodes_and_one(args, tmp_path)
     assert (one.stdout + one.stderr).count("external launcher (one per process)") == 2
@@ -102,11 +104,12 @@ def test_two_nodes_with_vllm_engines_and_a_periodic_eval(sft_run: Path, tmp_path
         assert (tmp_path / run / "final.txt").exists()
 
 
-def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_checkpoint: Path, tmp_path: Path) -> None:
     """Node 1 is SIGKILLed right after step 2: node 0 stops with an error saying so within seconds (no hang),
-    and the same two commands again continue from step 2 to the metrics and weights of an uninterrupted run on
-    one node with two processes (so two nodes train as one node with two processes, and resume exactly)."""
-    args = [*ARGS, "trainer.total_steps=4", f"trainer.init_from={sft_run}", "hydra.run.dir=run"]
+    and the same two commands again continue from step 2 (step 3 from its weights and optimizer state) to the
+    metrics and weights of an uninterrupted run on one node with two processes (so two nodes train as one node
+    with two processes, and resume exactly)."""
+    args = [*ARGS, "trainer.total_steps=3", f"trainer.init_from={sft_checkpoint}", "hydra.run.dir=run"]
     (tmp_path / "whole").mkdir()
     (tmp_path / "broken").mkdir()
     whole = run_retool("train", *args, "trainer.nproc=2", cwd=tmp_path / "whole", timeout=600)
@@ -121,21 +124,21 @@ def test_a_dead_node_stops_the_other_and_both_resume_exactly(sft_run: Path, tmp_
     resumed = two_nodes(args, tmp_path / "broken")
     assert [code for code, _, _ in resumed] == [0, 0], resumed[0][1][-3000:]
     assert comparable(metrics_of(run)) == comparable(metrics_of(tmp_path / "whole" / "run"))
-    assert same_weights(weights(run, 4), weights(tmp_path / "whole" / "run", 4))
+    assert same_weights(weights(run, 3), weights(tmp_path / "whole" / "run", 3))
     assert not (tmp_path / "broken" / "outputs").exists()  # one run folder, written by node 0's rank 0
-    # the checkpoint resumes on another layout too (one process on one node): steps 3 and 4 are trained from
+    # the checkpoint resumes on another layout too (one process on one node): step 3 is trained from
     # step 2's weights and optimizer state, with other data shares, so other numbers
     one = run_retool("train", *args, cwd=tmp_path / "elsewhere", timeout=600)
     assert one.returncode == 0 and "resumed from" in one.stdout + one.stderr, one.stderr[-3000:]
     rows = metrics_of(tmp_path / "elsewhere" / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[:2] == metrics_of(run)[:2]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[:2] == metrics_of(run)[:2]
 
 
-def test_hybrid_sharding_across_two_nodes(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_hybrid_sharding_across_two_nodes(sft_checkpoint: Path, tmp_path: Path) -> None:
     """trainer.fsdp_sharding=hybrid on 2 nodes x 2 processes (HSDP: a sharded copy per node, replicated across
     them) trains as full sharding over 4 processes does, to float rounding (the sums are taken in another
     order), and writes plain HF checkpoints."""
-    args = [*ARGS, "trainer.total_steps=2", "trainer.questions_per_step=4", f"trainer.init_from={sft_run}"]
+    args = [*ARGS, "trainer.total_steps=2", "trainer.questions_per_step=4", f"trainer.init_from={sft_checkpoint}"]
     args += ["trainer.fsdp=true", "trainer.nproc=2"]
     nodes = two_nodes([*args, "trainer.fsdp_sharding=hybrid", "hydra.run.dir=hybrid"], tmp_path)
     assert [code for code, _, _ in nodes] == [0, 0], nodes[0][1][-3000:]
@@ -150,7 +153,7 @@ def test_hybrid_sharding_across_two_nodes(sft_run: Path, tmp_path: Path) -> None
     assert all(torch.allclose(h[k], f[k], atol=1e-6) for k in h)
 
 
-def test_a_vllm_engine_spanning_two_processes(sft_run: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_vllm_engine_spanning_two_processes(sft_checkpoint: Path, tmp_path: Path) -> None:
     """rollout.vllm_tensor_parallel_size=2 with trainer.nproc=2: the two training processes are one vLLM
     engine (tensor parallel, colocated, through vLLM's external launcher); it samples what one process's
     engine samples, each process trains on half of it, and the update and the weight syncs match the
@@ -158,7 +161,7 @@ def test_a_vllm_engine_spanning_two_processes(sft_run: Path, tmp_path: Path) -> 
     args = [
         *ARGS,
         "trainer.total_steps=2",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         *VLLM,
     ]
     runs = {}

@@ -18,20 +18,18 @@ from pathlib import Path
 import pytest
 
 from retool_cli.stops import descendants
-from tests.helpers import alive, read_jsonl, run_retool
+from tests.helpers import SFT, TINY, alive, read_jsonl, run_retool
 from tests.helpers import comparable as timeless
 
-TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
 TRAIN = [
     "train",
     *TINY,
-    "trainer.total_steps=4",
+    "trainer.total_steps=3",  # signalled in step 2: a step or two to resume, and the uninterrupted run to match
     "trainer.save_every=2",
     "trainer.questions_per_step=2",
     "rollout.group_size=2",
     "rollout.max_response_tokens=40",
 ]
-SFT = ["sft", *TINY, "sft.steps=60", "sft.batch_size=8", "sft.log_every=5", "sft.save_every=20", "sft.warmup_steps=5"]
 
 
 def comparable(rows: list[dict]) -> list[dict]:
@@ -142,7 +140,7 @@ def test_train_stops_cleanly_and_resumes_exactly(
     logged = [r["step"] for r in rows_of(run)]
     saved = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
     if extra:  # every logged step is in a checkpoint: nothing finished is lost
-        assert "trainer.resume=true" in again and saved and saved[-1] == logged[-1] < 4
+        assert "trainer.resume=true" in again and saved and saved[-1] == logged[-1] < 3
     run_retool(*again, cwd=tmp_path, check=True)
     assert comparable(rows_of(run)) == reference
     assert (run / "final.txt").exists()
@@ -180,36 +178,29 @@ def test_two_process_train_stops_every_rank_and_listens_on_loopback(
     assert not list((run / "checkpoints").glob(".step_*.tmp"))  # no checkpoint half-written
 
 
-@pytest.fixture(scope="module")
-def sft_reference(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("sft_reference")
-    run_retool(*SFT, "hydra.run.dir=run", cwd=work, check=True)
-    return work / "run"
-
-
 @pytest.mark.parametrize(
     ("signum", "extra"),
     [(signal.SIGINT, ["trainer.save_on_signal=true"]), (signal.SIGTERM, [])],
     ids=["sigint-save_on_signal", "sigterm"],
 )
 def test_sft_stops_at_a_step_and_resumes_exactly(
-    tmp_path: Path, sft_reference: Path, signum: int, extra: list[str]
+    tmp_path: Path, sft_checkpoint: Path, signum: int, extra: list[str]
 ) -> None:
     """SFT ends the step it is in (with save_on_signal: and saves it, else its last checkpoint is where it
     resumes, at step 20 or none), and the resumed run's losses and weights are the uninterrupted run's."""
     run = tmp_path / "run"
-    args = [*SFT, *extra, f"hydra.run.dir={run}"]
+    args = ["sft", *SFT, *extra, f"hydra.run.dir={run}"]
     result, _ = signal_when(args, tmp_path, signum, lambda: len(rows_of(run)) >= 1, pause="step:5")
     assert result.returncode == 128 + signum, result.stderr[-3000:]
     saved = [int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*")]
     if extra:
         assert len(saved) == 1 and 5 <= saved[0] < 60
     run_retool(*resume_line(result, signum), cwd=tmp_path, check=True)
-    assert comparable(rows_of(run)) == comparable(rows_of(sft_reference))
+    assert comparable(rows_of(run)) == comparable(rows_of(sft_checkpoint))
     from safetensors.torch import load_file
 
     resumed, uninterrupted = (
-        load_file(r / "checkpoints" / "step_60" / "model.safetensors") for r in (run, sft_reference)
+        load_file(r / "checkpoints" / "step_60" / "model.safetensors") for r in (run, sft_checkpoint)
     )
     assert all((resumed[k] == uninterrupted[k]).all() for k in uninterrupted)
 

@@ -12,13 +12,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.helpers import comparable, die_after, read_jsonl, run_retool
+from tests.helpers import SFT, TINY, comparable, die_after, read_jsonl, run_retool
 
-TINY = ["recipe=dapo_smoke", "data.synthetic.num_examples=120", "data.dev_size=20"]
-SFT = [*TINY, "sft.steps=30", "sft.batch_size=16", "sft.log_every=10", "sft.warmup_steps=5"]
 TRAIN = [
     *TINY,
-    "trainer.total_steps=4",
+    "trainer.total_steps=3",  # a resume from step 1 or 2 has a step (and its rollouts) after it to compare
     "trainer.save_every=1",
     "trainer.questions_per_step=2",
     "rollout.group_size=4",
@@ -27,51 +25,47 @@ TRAIN = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sft_run(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("sft")
-    run_retool("sft", *SFT, "hydra.run.dir=run", cwd=work, check=True)
-    return work / "run"
-
-
 def metrics_of(folder: Path) -> list[dict]:
     [path] = list(folder.rglob("metrics.jsonl"))
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_sft_learns_and_writes_a_loadable_checkpoint(sft_run: Path) -> None:
-    rows = [json.loads(line) for line in (sft_run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [10, 20, 30]
+def test_sft_learns_and_writes_a_loadable_checkpoint(sft_checkpoint: Path) -> None:
+    rows = [json.loads(line) for line in (sft_checkpoint / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(5, 61, 5))
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.8
-    checkpoint = sft_run / "checkpoints" / "step_30"
+    checkpoint = sft_checkpoint / "checkpoints" / "step_60"
     model = AutoModelForCausalLM.from_pretrained(checkpoint)  # HF format: from_pretrained (and vLLM) load it
     assert sum(p.numel() for p in model.parameters()) > 0
     assert (checkpoint / "tokenizer.json").exists() and (checkpoint / "trainer_state.pt").exists()
-    assert (sft_run / "sft.png").exists()
+    assert (sft_checkpoint / "sft.png").exists()
 
 
-@pytest.mark.parametrize("extra", [[], ["model.lora_rank=4", "sft.lr=1e-3"]], ids=["full", "lora"])
-def test_sft_resumes_exactly_after_sigkill(tmp_path: Path, extra: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "steps"), [([], 60), (["model.lora_rank=4", "sft.lr=1e-3", "sft.steps=30"], 30)], ids=["full", "lora"]
+)
+def test_sft_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path, extra: list[str], steps: int) -> None:
     """Killed 5 steps past its checkpoint at step 20, the same command continues from that checkpoint (batches,
     RNG, optimizer and schedule restored; LoRA: the base weights plus the checkpoint's adapter): the losses and
-    the final weights of the uninterrupted run."""
-    args = ["sft", *SFT, "sft.save_every=10", *extra]
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    whole.mkdir()
+    the final weights of the uninterrupted run (the shared SFT run, tests/conftest.py; LoRA's its own)."""
+    args = ["sft", *SFT, *extra]
+    reference = sft_checkpoint
+    if extra:
+        run_retool(*args, "hydra.run.dir=whole", cwd=tmp_path, check=True)
+        reference = tmp_path / "whole"
+    broken = tmp_path / "broken"
     broken.mkdir()
-    run_retool(*args, cwd=whole, check=True)
     die_after(args, cwd=broken, when="step:25")
     [killed] = [p.parent for p in broken.rglob("metrics.jsonl")]
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step_20"]  # keep_last=1
     run_retool(*args, cwd=broken, check=True)
     [run] = [p.parent for p in broken.rglob("final.txt")]
-    [reference] = [p.parent for p in whole.rglob("final.txt")]
     assert run == killed  # continued in the killed run's folder
-    assert [r["step"] for r in metrics_of(run)] == [10, 20, 30]  # steps 21-25 redone, not logged twice
+    assert [r["step"] for r in metrics_of(run)] == list(range(5, steps + 1, 5))  # 21-25 redone, not logged twice
     assert [comparable_sft(r) for r in metrics_of(run)] == [comparable_sft(r) for r in metrics_of(reference)]
     files = ["model.safetensors"] + (["adapter/adapter_model.safetensors"] if extra else [])
     for name in files:
-        resumed, uninterrupted = (load_file(r / "checkpoints" / "step_30" / name) for r in (run, reference))
+        resumed, uninterrupted = (load_file(r / "checkpoints" / f"step_{steps}" / name) for r in (run, reference))
         assert resumed.keys() == uninterrupted.keys()
         assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
@@ -80,16 +74,17 @@ def comparable_sft(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "seconds"}
 
 
-def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: Path) -> None:
+def test_train_runs_and_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path) -> None:
     """Killed after step 2, with that checkpoint then damaged: the same command resumes from the last complete
-    checkpoint (step 1) and ends with the metrics and kept trajectories of an uninterrupted run."""
+    checkpoint (step 1) and ends with the metrics and kept trajectories of an uninterrupted run (steps 2 and 3:
+    step 3's rollouts come from step 2's update, made with the optimizer state restored from step 1)."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()
     broken.mkdir()
-    args = ["train", *TRAIN, f"trainer.init_from={sft_run}"]
+    args = ["train", *TRAIN, f"trainer.init_from={sft_checkpoint}"]
     run_retool(*args, cwd=whole, check=True)
     reference = metrics_of(whole)
-    assert [r["step"] for r in reference] == [1, 2, 3, 4]
+    assert [r["step"] for r in reference] == [1, 2, 3]
     assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(reference[0])
     die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     # and its step-2 checkpoint damaged afterwards (a copy cut short): resume passes over it, to step 1's
@@ -100,11 +95,11 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     assert comparable(metrics_of(broken)) == comparable(reference)
     # the trajectories kept for `retool report`: up to keep_rollouts a step, the same after the resume
     [kept] = [read_jsonl(p) for p in whole.rglob("rollouts.jsonl")]
-    assert sorted({r["step"] for r in kept}) == [1, 2, 3, 4] and max(Counter(r["step"] for r in kept).values()) <= 4
+    assert sorted({r["step"] for r in kept}) == [1, 2, 3] and max(Counter(r["step"] for r in kept).values()) <= 4
     assert {"segments", "reward", "correct", "question", "reference", "stop_reason"} <= set(kept[0])
     assert [read_jsonl(p) for p in broken.rglob("rollouts.jsonl")] == [kept]
     [run] = [p.parent for p in broken.rglob("final.txt")]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3", "step_4"]  # keep_last=2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2", "step_3"]  # keep_last=2
     assert (run / "train.png").exists()
     # the finished run's folder again with trainer.resume=false: started over there, nothing appended
     run_retool(*args, "trainer.resume=false", f"hydra.run.dir={run}", cwd=broken, check=True)
@@ -112,7 +107,7 @@ def test_train_runs_and_resumes_exactly_after_sigkill(sft_run: Path, tmp_path: P
     assert read_jsonl(run / "rollouts.jsonl") == kept
 
 
-def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
+def test_periodic_eval_is_logged(sft_checkpoint: Path, tmp_path: Path) -> None:
     run_retool(
         "train",
         *TRAIN,
@@ -122,7 +117,7 @@ def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
         "benchmark.n_samples=2",
         "benchmark.max_response_tokens=48",
         "eval.bootstrap=200",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         "hydra.run.dir=run",
         cwd=tmp_path,
         check=True,
@@ -132,7 +127,7 @@ def test_periodic_eval_is_logged(sft_run: Path, tmp_path: Path) -> None:
     assert len((tmp_path / "run" / "evals" / "step_2" / "samples.jsonl").read_text().splitlines()) == 6
 
 
-def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
+def test_two_processes_with_torchrun(sft_checkpoint: Path, tmp_path: Path) -> None:
     """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it (metrics,
     checkpoints, the periodic eval)."""
     run_retool(
@@ -140,7 +135,7 @@ def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
         *TRAIN,
         "trainer.total_steps=2",
         "trainer.nproc=2",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         "trainer.eval_every=2",
         "trainer.eval_problems=3",
         "benchmark.n_samples=2",
@@ -157,19 +152,19 @@ def test_two_processes_with_torchrun(sft_run: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_1", "step_2"]
 
 
-def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path: Path) -> None:
+def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_checkpoint: Path, tmp_path: Path) -> None:
     """model.lora_rank with bf16 autocast and bf16 sampling: checkpoints hold merged weights and the adapter;
-    a run resumed from step 2 (adapter + optimizer state) writes the same later metrics as the whole run."""
+    a run resumed from step 1 (adapter + optimizer state) writes the same later metrics as the whole run."""
     args = [
         "train",
         *TRAIN,
-        "trainer.total_steps=4",
+        "trainer.total_steps=3",
         "trainer.keep_last=3",
         "model.lora_rank=4",
         "trainer.bf16_autocast=true",
         "rollout.dtype=bfloat16",
         "trainer.lr=1e-3",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         "hydra.run.dir=run",
         "trainer.mask_truncated=false",
         "reward.overlong_buffer_tokens=48",
@@ -177,27 +172,27 @@ def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_run: Path, tmp_path
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
-    assert [r["step"] for r in whole] == [1, 2, 3, 4] and whole[1]["train/grad_norm"] > 0
-    assert (run / "checkpoints" / "step_4" / "adapter" / "adapter_model.safetensors").exists()
-    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_4")  # merged weights, plain HF format
-    for step in (3, 4):  # resume from step 2: step 4's rollouts depend on step 3's Adam update from its state
+    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0
+    assert (run / "checkpoints" / "step_3" / "adapter" / "adapter_model.safetensors").exists()
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_3")  # merged weights, plain HF format
+    for step in (2, 3):  # resume from step 1: step 3's rollouts depend on step 2's Adam update from its state
         shutil.rmtree(run / "checkpoints" / f"step_{step}")
     (run / "final.txt").unlink()
     run_retool(*args, cwd=tmp_path, check=True)
     assert comparable(metrics_of(run)) == whole
 
 
-def test_fsdp2_two_processes_checkpoint_and_resume(sft_run: Path, tmp_path: Path) -> None:
+def test_fsdp2_two_processes_checkpoint_and_resume(sft_checkpoint: Path, tmp_path: Path) -> None:
     """trainer.fsdp=true with 2 processes: rollouts on all-gathered weights, checkpoints gathered to rank 0
-    (plain HF weights), and a resume from step 2 (optimizer state re-sharded) repeats steps 3 and 4 exactly."""
+    (plain HF weights), and a resume from step 1 (optimizer state re-sharded) repeats steps 2 and 3 exactly."""
     args = [
         "train",
         *TRAIN,
-        "trainer.total_steps=4",
+        "trainer.total_steps=3",
         "trainer.keep_last=3",
         "trainer.nproc=2",
         "trainer.fsdp=true",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         "hydra.run.dir=run",
         "trainer.mask_truncated=false",
         "reward.overlong_buffer_tokens=48",
@@ -205,16 +200,16 @@ def test_fsdp2_two_processes_checkpoint_and_resume(sft_run: Path, tmp_path: Path
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
-    assert [r["step"] for r in whole] == [1, 2, 3, 4] and whole[1]["train/grad_norm"] > 0
-    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_4")
-    for step in (3, 4):  # resume from step 2: step 4's rollouts depend on step 3's Adam update from its state
+    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_3")
+    for step in (2, 3):  # resume from step 1: step 3's rollouts depend on step 2's Adam update from its state
         shutil.rmtree(run / "checkpoints" / f"step_{step}")
     (run / "final.txt").unlink()
     run_retool(*args, cwd=tmp_path, check=True)
     assert comparable(metrics_of(run)) == whole
 
 
-def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path, tmp_path: Path) -> None:
+def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_checkpoint: Path, tmp_path: Path) -> None:
     """The GPU recipe's combination (FSDP2 + activation checkpointing): the same metrics, gradient norms
     included, as FSDP2 without checkpointing, on 2 CPU processes."""
     runs = {}
@@ -226,7 +221,7 @@ def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path,
             "trainer.nproc=2",
             "trainer.fsdp=true",
             f"trainer.gradient_checkpointing={checkpointing}",
-            f"trainer.init_from={sft_run}",
+            f"trainer.init_from={sft_checkpoint}",
             "trainer.mask_truncated=false",
             "reward.overlong_buffer_tokens=48",
             f"hydra.run.dir=run_{checkpointing}",
@@ -238,7 +233,7 @@ def test_fsdp2_with_gradient_checkpointing_makes_the_same_updates(sft_run: Path,
     assert runs["true"] == runs["false"]
 
 
-def test_a_bf16_sampler_shows_a_gap_that_the_correction_bounds(sft_run: Path, tmp_path: Path) -> None:
+def test_a_bf16_sampler_shows_a_gap_that_the_correction_bounds(sft_checkpoint: Path, tmp_path: Path) -> None:
     """A real sampler-trainer mismatch: the hf engine samples from a bfloat16 copy (rollout.dtype) next to the
     fp32 trainer. The gap metrics see it (and read ~0 with the shared fp32 weights); seq_mask with bounds [1, 1]
     masks every sequence that differs at all, so the same rollouts give no gradient, where `none` trains on them."""
@@ -246,7 +241,7 @@ def test_a_bf16_sampler_shows_a_gap_that_the_correction_bounds(sft_run: Path, tm
         "train",
         *TRAIN,
         "trainer.total_steps=1",
-        f"trainer.init_from={sft_run}",
+        f"trainer.init_from={sft_checkpoint}",
         "trainer.mask_truncated=false",
         "reward.overlong_buffer_tokens=48",
     ]
