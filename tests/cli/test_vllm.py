@@ -12,7 +12,7 @@ import torch
 
 from retool_cli.model.precision import Precision
 from tests.cli.test_train import TRAIN, comparable, metrics_of
-from tests.helpers import die_after, read_jsonl, run_retool
+from tests.helpers import TINY, die_after, read_jsonl, run_retool
 
 FP32_CPU = Precision(torch.device("cpu"), torch.float32, False, torch.float32)  # model.dtype=auto on a CPU
 
@@ -21,9 +21,7 @@ FP32_CPU = Precision(torch.device("cpu"), torch.float32, False, torch.float32)  
 VLLM_COMPILED = ["rollout=vllm", "rollout.vllm_kv_cache_gib=0.25"]
 VLLM = [*VLLM_COMPILED, "rollout.vllm_enforce_eager=true"]
 GREEDY_EVAL = [
-    "recipe=dapo_smoke",
-    "data.synthetic.num_examples=120",
-    "data.dev_size=20",
+    *TINY,
     "benchmark.max_problems=8",
     "benchmark.n_samples=1",
     "benchmark.temperature=0",
