@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.zygote import Forked, zygote_for
+
 # A training run of seconds on the smoke recipe: 2 steps of 2 questions x 2 samples, a small synthetic set.
 SMALL_TRAIN = [
     "recipe=dapo_smoke",
@@ -39,19 +41,31 @@ def comparable(rows: list[dict]) -> list[dict]:
 def run_retool(
     *args: str, cwd: Path, check: bool = False, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the real command line in a subprocess (as a user would), capturing its output."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "retool_cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run the real command line in a process of its own (as a user would), capturing its output."""
+    proc = start_retool(*args, cwd=cwd, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     if check and proc.returncode != 0:
-        raise AssertionError(f"retool {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+        raise AssertionError(f"retool {' '.join(args)} failed ({proc.returncode}):\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def start_retool(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, text: bool = True, merged: bool = False
+) -> subprocess.Popen | Forked:
+    """Start `python -m retool_cli ARGS` (stdout and stderr captured; `merged`: both in stdout) with this
+    process's environment, the hub offline, and `env`: forked from the test process's zygote (tests/zygote.py: the
+    imports done once), a plain subprocess where RETOOL_TEST_ZYGOTE=0."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
+    zygote = zygote_for(env)
+    if zygote is not None:
+        return zygote.start(list(args), env, cwd, text, merged)
+    stderr = subprocess.STDOUT if merged else subprocess.PIPE
+    command = [sys.executable, "-m", "retool_cli", *args]
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=text)
 
 
 def die_after(args: list[str], cwd: Path, when: str) -> None:

@@ -4,11 +4,9 @@ trainer.nproc=2; a node that dies stops the other with a clear error, and rerunn
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,8 @@ from safetensors.torch import load_file
 
 from tests.cli.test_train import TRAIN, comparable, metrics_of
 from tests.cli.test_vllm import VLLM
-from tests.helpers import run_retool
+from tests.helpers import run_retool, start_retool
+from tests.zygote import Forked
 
 ARGS = [*TRAIN, "trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48", "trainer.keep_last=4"]
 
@@ -29,16 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "retool_cli", "train", *args],
-        cwd=cwd,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def start(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen | Forked:
+    return start_retool("train", *args, cwd=cwd, env=env, merged=True)
 
 
 def two_nodes(args: list[str], cwd: Path, die: str | None = None) -> list[tuple[int, str, float]]:

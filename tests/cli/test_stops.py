@@ -10,7 +10,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from retool_cli.stops import descendants
-from tests.helpers import SFT, TINY, alive, read_jsonl, run_retool
+from tests.helpers import SFT, TINY, alive, read_jsonl, run_retool, start_retool
 from tests.helpers import comparable as timeless
 
 TRAIN = [
@@ -52,10 +51,7 @@ def signal_when(
     """Run `retool ARGS`, send `signum` once `ready()` holds (after `checks(pid)`, done while it works); its result
     and every process that was part of it then (torchrun, ranks, sandbox and judge workers). `pause`: where the
     command waits for the signal (RETOOL_PAUSE_AT, retool_cli/faults.py), so that it cannot finish first."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "400", "RETOOL_PAUSE_AT": pause}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retool_cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    proc = start_retool(*args, cwd=cwd, env={"COLUMNS": "400", "RETOOL_PAUSE_AT": pause}, text=False)
     deadline = time.monotonic() + 300
     while not ready():
         assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]

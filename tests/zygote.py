@@ -1,0 +1,264 @@
+"""A process that has imported torch, transformers and every module of retool_cli once, and forks a copy of itself
+for each `retool` command a test runs (tests/helpers.py: run_retool). A fresh `python -m retool_cli train ...`
+spends 6-7 s of a 2-core machine's time importing before it does anything; the suite runs some 200 commands.
+
+The command still runs in a process of its own, started as `python -m retool_cli ARGS` would be: its own pid, the
+test's environment, working folder, stdout and stderr (files the test passed over), its exit status (a signal's
+as -N), interpreter exit as usual (atexit handlers, uncaught exceptions). Only what the imports read from the
+environment is fixed when the zygote starts: each environment but its RETOOL_* variables and COLUMNS (read at run
+time) has a zygote of its own (`zygote_for`). Forking is safe here
+because the zygote never computes: no OpenMP or BLAS pool, no thread of its own, exists to be copied half-way.
+
+Protocol, over a Unix socket pair: the test sends one request (JSON: args, env, cwd) with four descriptors (stdin,
+stdout, stderr, and its end of a reply socket pair); the zygote forks a monitor, which forks the command and
+writes back over the reply socket the command's pid, then its wait status. The zygote ends when the test's end of
+the socket closes. The test's side: `Zygote` (one per test process and environment) and `Forked`, the part of
+subprocess.Popen the tests use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import importlib
+import json
+import os
+import pkgutil
+import runpy
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+# Environment variables read when a command runs, not when it imports (pytest sets the last one for each test).
+RUN_TIME = ("RETOOL_", "COLUMNS", "PYTEST_CURRENT_TEST")
+NOT_IMPORTED = ("retool_cli.__main__", "retool_cli.env.sandbox_worker")  # run as scripts, never imported
+
+
+def preload() -> None:
+    from retool_cli.cli import _quiet_libraries
+
+    _quiet_libraries()  # what main() sets, before the imports that read it
+    import retool_cli
+
+    for module in pkgutil.walk_packages(retool_cli.__path__, "retool_cli."):
+        if module.name not in NOT_IMPORTED:
+            importlib.import_module(module.name)
+    import transformers
+
+    transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018 (lazy attributes: import them now)
+    gc.freeze()  # the collector leaves what is here alone in the forks: their memory stays shared, not copied
+
+
+def send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
+    header = struct.pack("!I", len(payload))
+    if fds:
+        socket.send_fds(sock, [header + payload], fds)
+    else:
+        sock.sendall(header + payload)
+
+
+def receive(sock: socket.socket, nfds: int = 0) -> tuple[bytes, list[int]]:
+    """One message (b"" when the other end closed) and the descriptors that came with it."""
+    head, fds, _, _ = socket.recv_fds(sock, 4, nfds) if nfds else (sock.recv(4), [], 0, None)
+    if len(head) < 4:
+        return b"", fds
+    size = struct.unpack("!I", head)[0]
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            return b"", fds
+        body += chunk
+    return body, fds
+
+
+def run_command(request: dict, stdio: list[int]) -> None:
+    """In the forked command process: become `python -m retool_cli ARGS` and never return."""
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[0] = request["cwd"]  # as `python -m` puts the working folder first
+    sys.argv = ["retool_cli", *request["args"]]
+    code = 0
+    try:
+        runpy.run_module("retool_cli", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = exit_status(stop)
+    except KeyboardInterrupt:  # uncaught, as the interpreter ends: by SIGINT itself
+        exit_now(0, signal.SIGINT)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    exit_now(code)
+
+
+def exit_status(stop: SystemExit) -> int:
+    if stop.code is None or isinstance(stop.code, int):
+        return stop.code or 0
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def exit_now(code: int, signum: int | None = None) -> None:
+    """The interpreter's exit without its teardown of every module and object (seconds, with the zygote's 3,000
+    modules: a fresh process has imported only what its command needs): threads joined, atexit handlers run,
+    streams flushed, as at a normal exit."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if signum is not None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(code)
+
+
+def monitor(request: dict, fds: list[int]) -> None:
+    """In the forked monitor: start the command, report its pid, wait for it, report its wait status."""
+    *stdio, reply_fd = fds
+    reply = socket.socket(fileno=reply_fd)
+    pid = os.fork()
+    if pid == 0:
+        reply.close()
+        run_command(request, stdio)
+    for fd in stdio:
+        os.close(fd)
+    send(reply, str(pid).encode())
+    _, status = os.waitpid(pid, 0)
+    send(reply, str(status).encode())
+    os._exit(0)
+
+
+def serve(control: socket.socket) -> None:
+    while True:
+        message, fds = receive(control, nfds=4)
+        if not message:
+            return
+        if os.fork() == 0:
+            control.close()
+            monitor(json.loads(message), fds)
+        for fd in fds:
+            os.close(fd)
+        while True:  # reap the monitors that finished
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+
+class Forked:
+    """A command forked by the zygote, used as the tests use subprocess.Popen: pid, poll, wait, send_signal, kill,
+    communicate, returncode. Its stdout and stderr go to files (read at the end: no pipe to fill and block on)."""
+
+    def __init__(self, zygote: Zygote, args: list[str], env: dict[str, str], cwd: Path, text: bool, merged: bool):
+        self.args, self.text, self.returncode = args, text, None
+        self.out = tempfile.TemporaryFile()  # noqa: SIM115 (open while the command runs; closed with the handle)
+        self.err = self.out if merged else tempfile.TemporaryFile()  # noqa: SIM115
+        self.reply, theirs = socket.socketpair()
+        request = json.dumps({"args": args, "env": env, "cwd": str(Path(cwd).resolve())}).encode()
+        with open(os.devnull) as stdin, theirs, zygote.lock:
+            send(zygote.control, request, [stdin.fileno(), self.out.fileno(), self.err.fileno(), theirs.fileno()])
+        self.reply.settimeout(600)  # the zygote's imports first, on a machine busy with the other workers' commands
+        pid = receive(self.reply)[0]
+        if not pid:
+            raise RuntimeError(f"the test zygote (tests/zygote.py) died: exit status {zygote.proc.poll()}")
+        self.pid = int(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.reply], [], [], 0)[0]:
+            self.returncode = os.waitstatus_to_exitcode(int(receive(self.reply)[0]))
+            self.reply.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self.reply], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self.poll()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        self.wait(timeout)
+        return self._read(self.out), None if self.err is self.out else self._read(self.err)
+
+    def _read(self, file: IO[bytes]) -> str | bytes:
+        """What a pipe would have given: bytes, or text decoded with universal newlines."""
+        file.seek(0)
+        data = file.read()
+        return data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n") if self.text else data
+
+
+class Zygote:
+    """The test's end of a zygote started with `env`."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.control, theirs = socket.socketpair()
+        self.lock = threading.Lock()  # one request at a time on the control socket
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.zygote", str(theirs.fileno())],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+
+    def start(self, args: list[str], env: dict[str, str], cwd: Path, text: bool = True, merged: bool = False) -> Forked:
+        """`python -m retool_cli ARGS` forked, with `env` (which may differ from the zygote's in RUN_TIME only)."""
+        assert all(k.startswith(RUN_TIME) for k, _ in set(env.items()) ^ set(self.env.items()))
+        return Forked(self, args, env, cwd, text, merged)
+
+    def close(self) -> None:
+        """It exits once the commands it forked are under way (their monitors wait for them)."""
+        if self.control.fileno() != -1:
+            self.control.close()
+            self.proc.wait(timeout=600)
+
+
+_zygotes: dict[tuple[int, frozenset], Zygote] = {}  # the most recently used last
+KEEP = 2  # zygotes per test process (about 0.5 GB each, mostly shared with its forks)
+
+
+def zygote_for(env: dict[str, str]) -> Zygote | None:
+    """This process's zygote for `env` but its RUN_TIME variables (started on first use, again if it died), or None
+    where RETOOL_TEST_ZYGOTE=0."""
+    if os.environ.get("RETOOL_TEST_ZYGOTE", "1") == "0":
+        return None
+    base = {k: v for k, v in env.items() if not k.startswith(RUN_TIME)}
+    key = (os.getpid(), frozenset(base.items()))
+    zygote = _zygotes.pop(key, None)
+    if zygote is None or zygote.proc.poll() is not None:
+        zygote = Zygote(base)
+        atexit.register(zygote.close)
+    _zygotes[key] = zygote
+    while len(_zygotes) > KEEP:
+        _zygotes.pop(next(iter(_zygotes))).close()
+    return zygote
+
+
+if __name__ == "__main__":
+    preload()
+    serve(socket.socket(fileno=int(sys.argv[1])))
+    os._exit(0)  # no teardown of every module (and no complaints from native ones about it)
