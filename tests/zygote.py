@@ -39,6 +39,7 @@ from typing import IO, Any
 
 # Environment variables read when a command runs, not when it imports (pytest sets the last one for each test).
 RUN_TIME = ("RETOOL_", "COLUMNS", "PYTEST_CURRENT_TEST")
+MODELS = [f"transformers.models.{arch}.modeling_{arch}" for arch in ("qwen2", "qwen3", "llama")]
 NOT_IMPORTED = ("retool_cli.__main__", "retool_cli.env.sandbox_worker")  # run as scripts, never imported
 
 
@@ -51,10 +52,22 @@ def preload() -> None:
     for module in pkgutil.walk_packages(retool_cli.__path__, "retool_cli."):
         if module.name not in NOT_IMPORTED:
             importlib.import_module(module.name)
-    import transformers
+    # What commands import lazily as they run: the model classes the tests build, Hydra's plugins, numba's compiler
+    for name in ["transformers.modeling_utils", "transformers.tokenization_utils_fast", *MODELS]:
+        importlib.import_module(name)
+    from hydra.core.plugins import Plugins
 
-    transformers.AutoModelForCausalLM, transformers.AutoTokenizer  # noqa: B018 (lazy attributes: import them now)
+    Plugins.instance()  # scans hydra_plugins once
+    warm_numba()
     gc.freeze()  # the collector leaves what is here alone in the forks: their memory stays shared, not copied
+
+
+def warm_numba() -> None:
+    """numba's compiler set up (half a second at a command's first kernel; cpu_kernels.py's come from its disk
+    cache), by compiling a function that starts no thread."""
+    import numba
+
+    numba.njit(lambda x: x + 1)(1)
 
 
 def send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
