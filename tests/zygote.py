@@ -1,13 +1,13 @@
 """A process that has imported torch, transformers and every module of retool_cli once, and forks a copy of itself
-for each `retool` command a test runs (tests/helpers.py: run_retool). A fresh `python -m retool_cli train ...`
-spends 6-7 s of a 2-core machine's time importing before it does anything; the suite runs some 200 commands.
+for each `retool` command a test runs (tests/helpers.py: run_retool, start_retool). A fresh `python -m retool_cli
+train ...` spends 6-7 s of a core of this machine importing before it does anything.
 
 The command still runs in a process of its own, started as `python -m retool_cli ARGS` would be: its own pid, the
 test's environment, working folder, stdout and stderr (files the test passed over), its exit status (a signal's
-as -N), interpreter exit as usual (atexit handlers, uncaught exceptions). Only what the imports read from the
-environment is fixed when the zygote starts: each environment but its RETOOL_* variables and COLUMNS (read at run
-time) has a zygote of its own (`zygote_for`). Forking is safe here
-because the zygote never computes: no OpenMP or BLAS pool, no thread of its own, exists to be copied half-way.
+as -N), atexit handlers and uncaught exceptions as at an interpreter's exit. Only what the imports read from the
+environment is fixed when the zygote starts: each environment but its RUN_TIME variables has a zygote of its own
+(`zygote_for`). Forking is safe because the zygote never computes: torch's OpenMP pool does not exist yet (and
+OpenBLAS, which starts its threads at import where OMP_NUM_THREADS allows, restarts them after a fork).
 
 Protocol, over a Unix socket pair: the test sends one request (JSON: args, env, cwd) with four descriptors (stdin,
 stdout, stderr, and its end of a reply socket pair); the zygote forks a monitor, which forks the command and
