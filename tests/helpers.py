@@ -53,13 +53,18 @@ def run_retool(
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A test command's environment: this process's, the hub offline, wide log lines, then `env`."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
+
+
 def start_retool(
     *args: str, cwd: Path, env: dict[str, str] | None = None, text: bool = True, merged: bool = False
 ) -> subprocess.Popen | Forked:
     """Start `python -m retool_cli ARGS` (stdout and stderr captured; `merged`: both in stdout) with this
     process's environment, the hub offline, and `env`: forked from the test process's zygote (tests/zygote.py: the
     imports done once), a plain subprocess where RETOOL_TEST_ZYGOTE=0."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
+    env = command_env(env)
     zygote = zygote_for(env)
     if zygote is not None:
         return zygote.start(list(args), env, cwd, text, merged)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import command_env
 from tests.zygote import zygote_for
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "200"}
+ENV = command_env()
 
 
 def fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
