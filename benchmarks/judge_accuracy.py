@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 from retool_cli.env.judge import plain_math_verify
 from retool_cli.env.reward import Verifier
+
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, write
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,12 +28,14 @@ def main() -> None:
     parser.add_argument("--cases", type=Path, default=ROOT / "tests" / "data" / "judge_cases.jsonl")
     parser.add_argument("--suite", type=Path, default=ROOT / "tests" / "data" / "math_verify_cases.jsonl")
     parser.add_argument("--wrong", action="store_true", help="list the pairs each judge gets wrong")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of each file (a quick run)")
+    add_json_out(parser)
     args = parser.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    rows = [json.loads(line) for line in args.cases.read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(line) for line in args.cases.read_text(encoding="utf-8").splitlines()][: args.limit]
     with Verifier(timeout_s=20.0, workers=2) as verifier:
         ours = [v.equivalent for v in verifier.verify_many([(r["gold"], r["pred"]) for r in rows])]
-        suite = [json.loads(line) for line in args.suite.read_text(encoding="utf-8").splitlines()]
+        suite = [json.loads(line) for line in args.suite.read_text(encoding="utf-8").splitlines()][: args.limit]
         suite_ours = verifier.verify_many([(r["gold"], r["pred"]) for r in suite])
     judges = {
         "ours": ours,
@@ -53,6 +59,10 @@ def main() -> None:
     agree = sum(v.equivalent is r["expected"] for v, r in zip(suite_ours, suite, strict=True))
     plain = sum(plain_math_verify(r["gold"], r["pred"], False) is r["expected"] for r in suite)
     print(f"\nmath-verify's suite: ours {agree}/{len(suite)}, plain math-verify {plain}/{len(suite)}")
+    # correct verdicts are counts, the same on every run: no repeats, no spread
+    quantities = {f"all/{name}": sum(c[name] for c in table.values()) for name in ("pairs", *judges)}
+    quantities |= {"suite/ours": agree, "suite/plain math-verify": plain, "suite/pairs": len(suite)}
+    write(args.json_out, "judge_accuracy", quantities, checks={"categories": len(table)})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from retool_cli.report.page import write_report
 from tests.browser import open_browser
 
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, write
+
 PROSE = "Let me think about the structure of this problem before computing anything. " * 12
 CODE = "<code>\n```python\nfrom sympy import *\nx = symbols('x')\nprint(solve(x**2 - 5*x + 6, x))\n```\n</code>"
 
@@ -65,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=500)
     parser.add_argument("--samples", type=int, default=32)
+    add_json_out(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -93,6 +97,17 @@ def main() -> None:
     print(f"page {html_size(data, raw)}")
     print(f"browser: opened and drawn in {load_s:.2f} s; a filter over the page's trajectories {timing[0]:.0f} ms")
     print(f"the page says: {timing[1]}")
+    quantities = {
+        "trajectories": total,
+        "samples_mb": raw / 1e6,
+        "build_s": build_s,
+        "peak_mb": peak_mb,
+        "page_data_over_samples": len(json.dumps(data)) / raw,
+        "page_trajectories": len(data["trajectories"]),
+        "browser_load_s": load_s,
+        "filter_ms": timing[0],
+    }
+    write(args.json_out, "report", quantities, checks={"page_says": timing[1]})
 
 
 def html_size(data: dict, raw: int) -> str:

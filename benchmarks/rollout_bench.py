@@ -39,6 +39,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
+
 
 def load_baseline_builders(bench_dir: Path):
     spec = importlib.util.spec_from_file_location("trl_grpo_baseline", bench_dir / "trl_grpo_baseline.py")
@@ -97,7 +100,7 @@ class TimedReplay:
         return [Generation(ids, [0.0] * len(ids), finish) for ids, finish in outs]
 
 
-def multiturn(model, tokenizer) -> None:
+def multiturn(model, tokenizer) -> dict[str, list[float]]:
     from retool_cli.config import RolloutConfig, SandboxConfig
     from retool_cli.data.dataset import MathExample
     from retool_cli.env.protocol import TaggedProtocol
@@ -109,6 +112,7 @@ def multiturn(model, tokenizer) -> None:
     examples = [MathExample(f"q{i}", f"What is {i}*{i + 1}?", str(i * (i + 1)), "bench") for i in range(4)]
     engine = TimedReplay(HFEngine(model, tokenizer, accelerate=True), tokenizer)
     protocol = TaggedProtocol(tokenizer, "Solve it.")
+    rates: dict[str, list[float]] = {}
     with Sandbox(SandboxConfig(workers=2)) as sandbox:
         for overlap in (False, True, False, True):
             cfg = RolloutConfig(group_size=8, max_response_tokens=400, max_tokens_per_turn=100, overlap_sandbox=overlap)
@@ -117,11 +121,15 @@ def multiturn(model, tokenizer) -> None:
             trajectories, metrics = run_rollouts(examples, engine, protocol, tools, cfg, seed=0, max_context_tokens=512)
             elapsed = time.perf_counter() - started
             assert all(len(t.tool_calls) == 2 for t in trajectories)
+            rates.setdefault(f"multiturn/overlap_{str(overlap).lower()}_trajectories_per_s", []).append(
+                len(trajectories) / elapsed
+            )
             print(
                 f"multi-turn, overlap_sandbox={overlap!s:<5}: {len(trajectories) / elapsed:5.1f} trajectories/s "
                 f"({elapsed:.2f} s for {len(trajectories)}, 2 code calls each; waited on sandbox "
                 f"{metrics['rollout/wait_tools_s']:.2f} s)"
             )
+    return rates
 
 
 def vllm_worker(work: Path, repeats: int) -> None:
@@ -227,7 +235,7 @@ def multi_call_checkpoint(calls: int, out: Path) -> Path:
     return out
 
 
-def loops(args) -> None:
+def loops(args) -> dict:
     """Both loops on the same checkpoint, questions and seeds, alternating; the trajectories must agree."""
     from dataclasses import replace
 
@@ -270,6 +278,7 @@ def loops(args) -> None:
             (args.scale, args.alpha, args.cap),
         ),
     }
+    out: dict[str, dict] = {"quantities": {}, "ratios": {}, "checks": {}}
     for name, (checkpoint, overrides, per_batch, batches, tail) in workloads.items():
         config = smoke_config(args.engine, [f"model.name_or_path={checkpoint}", *overrides])
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -301,7 +310,16 @@ def loops(args) -> None:
                         results[loop].append((elapsed, metrics))
                 assert seen["turns"] == seen["async"], "the loops sampled different trajectories"
         report_loops(name, results)
+        key = f"{args.engine}/{'long_tail' if tail else 'smoke'}"
+        walls = {loop: [w for w, _ in runs] for loop, runs in results.items()}
+        for loop, runs in results.items():
+            out["quantities"][f"{key}/{loop}_s_per_batch"] = spread(walls[loop])
+            for metric in ("generate_s", "gen_tokens_per_s", "wait_tools_s"):
+                out["quantities"][f"{key}/{loop}_{metric}"] = spread([m[f"rollout/{metric}"] for _, m in runs])
+        out["ratios"][f"{key}/s_per_batch_async_over_turns"] = paired_ratios(walls["async"], walls["turns"])
+        out["checks"][f"{key}/same_trajectories"] = True  # asserted batch by batch above
         del engine
+    return out
 
 
 def report_loops(name: str, results: dict) -> None:
@@ -324,7 +342,7 @@ def report_loops(name: str, results: dict) -> None:
     print(f"  wall-time ratio async / turns: {medians['async'] / medians['turns']:.2f}")
 
 
-def compare_vllm(work: Path, grouped: list, repeats: int, o: float, t: float, ours_mean: float) -> None:
+def compare_vllm(work: Path, grouped: list, repeats: int, o: float, t: float, ours_mean: float) -> dict:
     """vLLM's CPU build on the same batch, in a child process (`--vllm-worker`); its ratios to ours and TRL's."""
     (work / "prompts.json").write_text(json.dumps(grouped))
     child = [sys.executable, __file__, "--vllm-worker", str(work), "--repeats", str(repeats)]
@@ -338,6 +356,7 @@ def compare_vllm(work: Path, grouped: list, repeats: int, o: float, t: float, ou
     print(
         f"time ratio ours/vLLM: {o / v:.2f}  (per-token {(o / ours_mean) / (v / v_tokens):.2f}); vLLM/TRL: {v / t:.2f}"
     )
+    return timings
 
 
 def arguments() -> argparse.Namespace:
@@ -360,6 +379,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--multi-call-dir", type=Path, default=Path("outputs/bench_multi_call_sft"), help="--loops: where it is built"
     )
+    add_json_out(parser)
     return parser.parse_args()
 
 
@@ -368,7 +388,8 @@ def main() -> None:
     if args.vllm_worker:
         return vllm_worker(args.vllm_worker, args.repeats)
     if args.loops:
-        return loops(args)
+        out = loops(args)
+        return write(args.json_out, "rollout_loops", out["quantities"], out["ratios"], out["checks"])
     from retool_cli.interfaces import Sampling
     from retool_cli.rollout.hf_engine import HFEngine
 
@@ -430,12 +451,27 @@ def main() -> None:
         print(
             f"ours, bfloat16 weights (not the fp32 workload): median {b:.3f} s per batch, ratio to TRL fp32 {b / t:.2f}"
         )
+    quantities: dict[str, object] = {
+        "ours_s_per_batch": spread(ours_s),
+        "trl_s_per_batch": spread(trl_s),
+        "ours_tokens_per_s": spread([n / s for n, s in zip(ours_tokens, ours_s, strict=True)]),
+        "trl_tokens_per_s": spread([n / s for n, s in zip(trl_tokens, trl_s, strict=True)]),
+        "prompt_tokens": len(prompts[0]),
+    }
+    ratios = {"s_per_batch_ours_over_trl": paired_ratios(ours_s, trl_s)}
+    checks = {"ours_tokens": ours_tokens, "trl_tokens": trl_tokens}
+    if bf16_s:
+        quantities["ours_bf16_s_per_batch"] = spread(bf16_s)
     if args.vllm:
-        compare_vllm(work, grouped, args.repeats, o, t, ours_mean)
+        timings = compare_vllm(work, grouped, args.repeats, o, t, ours_mean)
+        quantities["vllm_s_per_batch"] = spread(timings["s"])
+        quantities["vllm_start_s"] = timings["start_s"]
+        ratios["s_per_batch_ours_over_vllm"] = paired_ratios(ours_s, timings["s"])
+        ratios["s_per_batch_vllm_over_trl"] = paired_ratios(timings["s"], trl_s)
     if not args.skip_multiturn:
-        multiturn(model, tokenizer)
+        quantities |= {key: spread(values) for key, values in multiturn(model, tokenizer).items()}
+    write(args.json_out, "generation", quantities, ratios, checks)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
     main()

@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
+
 WARMUP = 3
 
 TRL_SCRIPT = r"""
@@ -81,7 +84,7 @@ def smoke_sft_config(*overrides: str):
         return to_config(compose("sft", overrides=["recipe=dapo_smoke", *overrides]))
 
 
-def write_workload(work: Path) -> None:
+def write_workload(work: Path, problems: int) -> None:
     """The smoke recipe's SFT traces (tokenized, `labels` -100 off the loss mask) and the tiny model folder."""
     import shutil
 
@@ -89,7 +92,7 @@ def write_workload(work: Path) -> None:
     from retool_cli.model.loading import load_tokenizer
     from retool_cli.model.tiny import tiny_model_path
 
-    config = smoke_sft_config()
+    config = smoke_sft_config(f"data.synthetic.num_examples={problems}")
     traces = sft_traces(config, load_tokenizer(config.model))
     (work / "prompt_lengths.json").write_text(json.dumps([len(t.prompt_ids) for t in traces]))
     with open(work / "traces.jsonl", "w") as f:
@@ -152,11 +155,13 @@ def run(command: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trl-python", default=None)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="each round runs ours, then TRL: a ratio per round")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--problems", type=int, default=2000, help="the smoke recipe's problems the traces come from")
+    add_json_out(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sft-bench-"))
-    write_workload(work)
+    write_workload(work, args.problems)
     (work / "trl_sft.py").write_text(TRL_SCRIPT)
     results: dict[str, list[dict]] = {"ours": [], "ours, accelerate off": [], "TRL SFTTrainer": []}
     for round_index in range(args.rounds):
@@ -173,8 +178,18 @@ def main() -> None:
     for name, seconds in medians.items():
         last = statistics.mean(statistics.mean(r["losses"][-5:]) for r in results[name])
         print(f"{name}: median {seconds:.3f} s/step; mean loss of the last 5 steps {last:.3f}")
-    if "TRL SFTTrainer" in medians:
-        print(f"ratio ours / TRL = {medians['ours'] / medians['TRL SFTTrainer']:.2f}")
+    per_step = {n: [r["median_s_per_step"] for r in runs] for n, runs in results.items() if runs}
+    quantities = {f"{n}/s_per_step": spread(v) for n, v in per_step.items()}
+    quantities |= {
+        f"{n}/last_5_loss": statistics.mean(statistics.mean(r["losses"][-5:]) for r in runs)
+        for n, runs in results.items()
+        if runs
+    }
+    ratios = {}
+    if "TRL SFTTrainer" in per_step:
+        ratios["s_per_step_ours_over_trl"] = r = paired_ratios(per_step["ours"], per_step["TRL SFTTrainer"])
+        print(f"ratio ours / TRL = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, {r['n']} rounds)")
+    write(args.json_out, "sft", quantities, ratios, {"peer": "TRL SFTTrainer" if "TRL SFTTrainer" in per_step else ""})
 
 
 if __name__ == "__main__":

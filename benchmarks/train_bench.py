@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
 from rollout_bench import load_baseline_builders
 
 
@@ -125,9 +126,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
     parser.add_argument("--trl-python", default=None)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="each round runs ours, then TRL: a ratio per round")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--bf16", action="store_true")
+    add_json_out(parser)
     args = parser.parse_args()
     mine, theirs, mine_bf16 = [], [], []
     for round_index in range(args.rounds):
@@ -144,15 +146,28 @@ def main() -> None:
             print(f"round {round_index}: ours bf16 {mine_bf16[-1]['median_s_per_step']:.3f} s/step")
     o = statistics.median(m["median_s_per_step"] for m in mine)
     print(f"ours: median {o:.3f} s/step, {statistics.median(m['tokens_per_s'] for m in mine):.0f} completion tokens/s")
+    quantities = {
+        "ours_s_per_step": spread([m["median_s_per_step"] for m in mine]),
+        "ours_completion_tokens_per_s": spread([m["tokens_per_s"] for m in mine]),
+        "ours_peak_rss_mb": spread([m["peak_rss_mb"] for m in mine]),
+    }
+    ratios = {}
     if theirs:
         t = statistics.median(m["median_s_per_step"] for m in theirs)
-        print(f"TRL:  median {t:.3f} s/step   ratio ours/TRL = {o / t:.2f}")
+        quantities["trl_s_per_step"] = spread([m["median_s_per_step"] for m in theirs])
+        ratios["s_per_step_ours_over_trl"] = paired_ratios(
+            [m["median_s_per_step"] for m in mine], [m["median_s_per_step"] for m in theirs]
+        )
+        r = ratios["s_per_step_ours_over_trl"]
+        print(f"TRL:  median {t:.3f} s/step   ratio ours/TRL = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
     if mine_bf16:
         b = statistics.median(m["median_s_per_step"] for m in mine_bf16)
         print(
             f"ours, bf16 sampling + bf16 autocast (not the fp32 workload): median {b:.3f} s/step"
             + (f"   ratio to TRL fp32 = {b / t:.2f}" if theirs else "")
         )
+        quantities["ours_bf16_s_per_step"] = spread([m["median_s_per_step"] for m in mine_bf16])
+    write(args.json_out, "train", quantities, ratios, {"peer": "TRL GRPOTrainer" if theirs else "not run"})
 
 
 def run_ours(bench_dir: Path, steps: int, bf16: bool) -> dict:
