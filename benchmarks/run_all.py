@@ -55,10 +55,10 @@ class Benchmark:
 
 BENCHMARKS = [
     Benchmark(
-        "sandbox", "sandbox_bench.py", [], ["--n", "6", "--baseline-n", "2", "--repeats", "2", "--repeat-share", "0.5"]
+        "sandbox", "sandbox_bench.py", [], ["--n", "6", "--baseline-n", "2", "--repeats", "1", "--repeat-share", "0.5"]
     ),
     Benchmark("judge_accuracy", "judge_accuracy.py", [], ["--limit", "40"]),
-    Benchmark("reward", "reward_bench.py", [], ["--pairs", "30", "--repeats", "2", "--timeout", "1"], ["data"]),
+    Benchmark("reward", "reward_bench.py", [], ["--pairs", "30", "--repeats", "1", "--timeout", "1"], ["data"]),
     Benchmark("decontam", "decontam_bench.py", [], ["--rows", "2000", "--rounds", "2"], ["data"]),
     Benchmark("generation", "rollout_bench.py", [], ["--repeats", "2"], ["bench_dir"], peer="vllm"),
     Benchmark(
