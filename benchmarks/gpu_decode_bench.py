@@ -97,14 +97,17 @@ def main() -> None:
     names = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")
     launches = sum(e.count for e in prof.key_averages() if e.key in names)
     print(f"ours: {launches / 32:.0f} kernel launches per decode step")
-    ours_s, theirs_s = times["ours (HFEngine)"][1:], times["model.generate"][1:]
+    write_results(args.json_out, times["ours (HFEngine)"][1:], times["model.generate"][1:], new, launches / 32)
+
+
+def write_results(path: Path | None, ours_s: list[float], theirs_s: list[float], new: int, launches: float) -> None:
     quantities = {
         "ours_ms_per_step": spread([1e3 * s / new for s in ours_s]),
         "generate_ms_per_step": spread([1e3 * s / new for s in theirs_s]),
-        "ours_launches_per_step": launches / 32,
+        "ours_launches_per_step": launches,
     }
     ratios = {"s_per_step_ours_over_generate": paired_ratios(ours_s, theirs_s)}
-    write(args.json_out, "gpu_decode", quantities, ratios, {"device": torch.cuda.get_device_name()})
+    write(path, "gpu_decode", quantities, ratios, {"device": torch.cuda.get_device_name()})
 
 
 if __name__ == "__main__":

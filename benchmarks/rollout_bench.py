@@ -310,16 +310,21 @@ def loops(args) -> dict:
                         results[loop].append((elapsed, metrics))
                 assert seen["turns"] == seen["async"], "the loops sampled different trajectories"
         report_loops(name, results)
-        key = f"{args.engine}/{'long_tail' if tail else 'smoke'}"
-        walls = {loop: [w for w, _ in runs] for loop, runs in results.items()}
-        for loop, runs in results.items():
-            out["quantities"][f"{key}/{loop}_s_per_batch"] = spread(walls[loop])
-            for metric in ("generate_s", "gen_tokens_per_s", "wait_tools_s"):
-                out["quantities"][f"{key}/{loop}_{metric}"] = spread([m[f"rollout/{metric}"] for _, m in runs])
-        out["ratios"][f"{key}/s_per_batch_async_over_turns"] = paired_ratios(walls["async"], walls["turns"])
-        out["checks"][f"{key}/same_trajectories"] = True  # asserted batch by batch above
+        loop_results(f"{args.engine}/{'long_tail' if tail else 'smoke'}", results, out)
         del engine
     return out
+
+
+def loop_results(key: str, results: dict[str, list[tuple[float, dict]]], out: dict[str, dict]) -> None:
+    """One workload's figures into `out` (as the results file holds them): per loop its wall time, busy time,
+    utilisation and tool waits over the batches; async / turns batch by batch."""
+    walls = {loop: [w for w, _ in runs] for loop, runs in results.items()}
+    for loop, runs in results.items():
+        out["quantities"][f"{key}/{loop}_s_per_batch"] = spread(walls[loop])
+        for metric in ("generate_s", "gen_tokens_per_s", "wait_tools_s"):
+            out["quantities"][f"{key}/{loop}_{metric}"] = spread([m[f"rollout/{metric}"] for _, m in runs])
+    out["ratios"][f"{key}/s_per_batch_async_over_turns"] = paired_ratios(walls["async"], walls["turns"])
+    out["checks"][f"{key}/same_trajectories"] = True  # asserted batch by batch in loops()
 
 
 def report_loops(name: str, results: dict) -> None:
@@ -383,6 +388,32 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def time_generation(engine, engine_bf16, model, tokenizer, grouped: list, repeats: int) -> tuple[list, ...]:
+    """Ours, TRL's way and (when given) ours in bf16 on the same batch, alternating, `repeats` rounds after a
+    warm-up round: seconds per batch of each and the tokens each sampled."""
+    from retool_cli.interfaces import Sampling
+
+    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = [], [], [], [], []
+    for i in range(repeats + 1):  # the first round warms up both
+        started = time.perf_counter()
+        gens = engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
+        elapsed_ours = time.perf_counter() - started
+        started = time.perf_counter()
+        tokens = trl_style_generate(model, tokenizer, grouped, 64, seed=i)
+        elapsed_trl = time.perf_counter() - started
+        if engine_bf16 is not None:
+            started = time.perf_counter()
+            engine_bf16.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
+            if i:
+                bf16_s.append(time.perf_counter() - started)
+        if i:
+            ours_s.append(elapsed_ours)
+            trl_s.append(elapsed_trl)
+            ours_tokens.append(sum(len(g.token_ids) for g in gens))
+            trl_tokens.append(tokens)
+    return ours_s, trl_s, ours_tokens, trl_tokens, bf16_s
+
+
 def main() -> None:
     args = arguments()
     if args.vllm_worker:
@@ -390,7 +421,6 @@ def main() -> None:
     if args.loops:
         out = loops(args)
         return write(args.json_out, "rollout_loops", out["quantities"], out["ratios"], out["checks"])
-    from retool_cli.interfaces import Sampling
     from retool_cli.rollout.hf_engine import HFEngine
 
     base = load_baseline_builders(args.bench_dir)
@@ -415,24 +445,9 @@ def main() -> None:
     engine = HFEngine(model, tokenizer, accelerate=True)
     engine_bf16 = HFEngine(model, tokenizer, torch.bfloat16, accelerate=True) if args.bf16 else None
 
-    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = [], [], [], [], []
-    for i in range(args.repeats + 1):  # the first round warms up both
-        started = time.perf_counter()
-        gens = engine.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
-        elapsed_ours = time.perf_counter() - started
-        started = time.perf_counter()
-        tokens = trl_style_generate(model, tokenizer, grouped, 64, seed=i)
-        elapsed_trl = time.perf_counter() - started
-        if engine_bf16 is not None:
-            started = time.perf_counter()
-            engine_bf16.generate(grouped, [64] * len(grouped), [], Sampling(temperature=1.0, seed=i))
-            if i:
-                bf16_s.append(time.perf_counter() - started)
-        if i:
-            ours_s.append(elapsed_ours)
-            trl_s.append(elapsed_trl)
-            ours_tokens.append(sum(len(g.token_ids) for g in gens))
-            trl_tokens.append(tokens)
+    ours_s, trl_s, ours_tokens, trl_tokens, bf16_s = time_generation(
+        engine, engine_bf16, model, tokenizer, grouped, args.repeats
+    )
     o, t = statistics.median(ours_s), statistics.median(trl_s)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     ours_mean, trl_mean = statistics.mean(ours_tokens), statistics.mean(trl_tokens)

@@ -3,7 +3,7 @@
     python benchmarks/run_all.py [--only sandbox,reward] [--out outputs/bench] [--trl-python ~/trl-venv/bin/python]
                                  [--update] [--quick]
 
-Each benchmark runs as its own process (`python benchmarks/X.py ... --json-out`), its output kept in
+Each benchmark runs as its own process (its script with `--json-out`), its output kept in
 OUT/NAME.log. A benchmark whose inputs are missing (../shared/data, a smoke checkpoint, a browser, a GPU) is
 skipped with a line saying what to install or run; a peer that is not installed (TRL's venv, vLLM's CPU
 build) is left out of that benchmark's run with a line saying so, and its ratios are absent. Written:
