@@ -28,6 +28,7 @@ from types import FrameType
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 REPORT_ENV = "RETOOL_STOP_REPORT"  # set by `retool train`'s launcher: the file rank 0 names a stop's signal in
+FORKED_RANK_ENV = "RETOOL_FORKED_RANK"  # set in a rank that torchrun forked from its agent (rl/rank.py)
 PR_SET_PDEATHSIG = 1
 
 
@@ -184,7 +185,10 @@ def force_exit(signum: int) -> None:
 
 def exit_quietly(code: int) -> None:
     """Exit now, logs flushed, without the interpreter's teardown: a process group of torch.distributed left to
-    the exit handlers can abort the process, and a stopping process owes nothing more to anyone."""
+    the exit handlers can abort the process, and a stopping process owes nothing more to anyone. A rank that
+    torchrun forked (rl/rank.py) ends without a teardown anyway, and on success must return to its agent."""
+    if code == 0 and os.environ.get(FORKED_RANK_ENV):
+        raise SystemExit(0)
     logging.shutdown()
     os._exit(code)
 

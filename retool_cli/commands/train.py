@@ -27,7 +27,7 @@ from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer
+from retool_cli.model.loading import load_policy, load_tokenizer, model_path
 from retool_cli.model.precision import Precision, resolve_device, resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
 from retool_cli.rl.distributed import (
@@ -107,6 +107,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         layout = resolve_rendezvous(t, os.environ, typed_trainer_keys(overrides))
         if t.nproc > 1 or layout.nnodes > 1:  # relaunched through torchrun, joined with the other nodes
             check_devices(config)  # once, here: not once per process, after they started
+            model_path(config.model)  # model=tiny built here, once (model/tiny.py), not by ranks racing
             return launch_processes(t, layout, overrides, run_dir)
         run_lock.claim(run_dir, "train")
     with peers_alive():

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from retool_cli.errors import RetoolError
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Protocol tags as single (non-special) tokens: they decode as text and the model can learn them cheaply.
 TAG_TOKENS = [
@@ -81,6 +83,11 @@ def tiny_model_path(spec: dict[str, Any] | None = None) -> Path:
             tokenizer = build_tokenizer(spec["vocab_size"], spec["seed"])
             tokenizer.save_pretrained(staging)
             build_model(tokenizer, spec).save_pretrained(staging)
+            if not (staging / "config.json").exists():  # transformers writes a model on rank 0 of a process group only
+                raise RetoolError(
+                    f"model=tiny: a process of rank > 0 cannot write {path} (transformers saves on rank 0 only); "
+                    "`retool train` builds it before it starts its processes"
+                )
             (staging / "retool_tiny.json").write_text(json.dumps(spec, indent=2))
             with contextlib.suppress(OSError):  # atomic; another process may have finished first
                 staging.rename(path)

@@ -122,6 +122,8 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
     if not one_node:
         where.append(f"--rdzv_conf=timeout={int(trainer.collective_timeout_s)}")  # waiting for the other nodes
     addr, port = ("127.0.0.1", 0) if one_node else (layout.master_addr, layout.master_port)
+    start = rank_start(os.environ)
+    rank = ["--start-method=fork", "--run-path", str(RANK_SCRIPT)] if start == "fork" else ["-m", "retool_cli"]
     command = [
         sys.executable,
         "-m",
@@ -129,11 +131,11 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
         addr,
         str(port),
         "1" if layout.node_rank == 0 else "0",
+        start,
         "--",
         *where,
         f"--nproc_per_node={trainer.nproc}",
-        "-m",
-        "retool_cli",
+        *rank,
         "train",
         *kept,
         *(f"trainer.{k}={getattr(layout, k)}" for k in LAUNCH_KEYS),
@@ -159,6 +161,22 @@ def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list
         logged = run_dir / "train.log"
         see = f"see {logged}" if logged.is_file() and logged.stat().st_size else "see its error above"
         raise RetoolError(f"a training process failed (exit status {returncode}); {see} (and the other nodes' logs)")
+
+
+RANK_SCRIPT = Path(__file__).with_name("rank.py")
+RANK_START_ENV = "RETOOL_RANK_START"
+
+
+def rank_start(env: Mapping[str, str]) -> str:
+    """How torchrun starts the ranks: "fork" (copies of its agent, which imported the trainer once: rl/rank.py)
+    where torch is built without CUDA, "exec" (a fresh interpreter each, as torchrun does) where it has CUDA,
+    which a forked process cannot use once its parent touched it. RETOOL_RANK_START=fork|exec chooses."""
+    import torch
+
+    chosen = env.get(RANK_START_ENV) or ("exec" if torch.backends.cuda.is_built() else "fork")
+    if chosen not in ("fork", "exec"):
+        raise ConfigError(f"{RANK_START_ENV}={chosen!r}: use fork or exec")
+    return chosen
 
 
 def supervise(command: list[str], env: dict[str, str]) -> int:

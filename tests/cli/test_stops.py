@@ -145,7 +145,9 @@ def test_train_stops_cleanly_and_resumes_exactly(
 @pytest.fixture(scope="module")
 def two_process_reference(tmp_path_factory) -> list[dict]:
     work = tmp_path_factory.mktemp("reference2")
-    run_retool(*TRAIN, "trainer.nproc=2", "hydra.run.dir=run", cwd=work, check=True)
+    # from an empty model cache: the launcher builds model=tiny before its ranks (a rank > 0 could not write it)
+    fresh = {"RETOOL_CACHE": str(work / "cache")}
+    run_retool(*TRAIN, "trainer.nproc=2", "hydra.run.dir=run", cwd=work, check=True, env=fresh)
     return comparable(rows_of(work / "run"))
 
 
@@ -153,21 +155,28 @@ def two_process_reference(tmp_path_factory) -> list[dict]:
 def test_two_process_train_stops_every_rank_and_listens_on_loopback(
     tmp_path: Path, two_process_reference: list[dict], signum: int
 ) -> None:
-    """A signal to the command (the launcher) reaches torchrun's ranks: all stop at one step boundary, every
-    process is gone, the launcher says how to resume, and that gives the uninterrupted two-process run; while it
-    ran, nothing of it listened beyond 127.0.0.1."""
+    """A signal to the command (the launcher) reaches torchrun's ranks (forked from its agent: rl/rank.py): all
+    stop at one step boundary, every process is gone, the launcher says how to resume, and that gives the
+    uninterrupted two-process run; while it ran, nothing of it listened beyond 127.0.0.1."""
     run = tmp_path / "run"
     seen: list[str] = []
+    commands: list[bytes] = []
+
+    def checks(pid: int) -> None:
+        seen.extend(listening_addresses([pid, *descendants(pid)]))
+        commands.extend(Path(f"/proc/{p}/cmdline").read_bytes() for p in descendants(pid))
+
     result, tree = signal_when(
         [*TRAIN, "trainer.nproc=2", f"hydra.run.dir={run}"],
         tmp_path,
         signum,
         lambda: len(rows_of(run)) >= 1,
-        checks=lambda pid: seen.extend(listening_addresses([pid, *descendants(pid)])),
+        checks=checks,
         pause="rollouts:2",
     )
     assert result.returncode == 128 + signum, result.stderr[-3000:]
     assert len(tree) >= 4  # the launcher, torchrun, two ranks (and their workers)
+    assert sum(b"retool_cli.rl.torchrun" in c for c in commands) == 3  # torchrun's agent and its two forks
     assert seen and set(seen) <= LOOPBACK, seen  # the rendezvous store and gloo's connections
     run_retool(*resume_line(result, signum), cwd=tmp_path, check=True)
     assert comparable(rows_of(run)) == two_process_reference

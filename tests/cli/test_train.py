@@ -129,8 +129,9 @@ def test_periodic_eval_is_logged(sft_checkpoint: Path, tmp_path: Path) -> None:
 
 def test_two_processes_with_torchrun(sft_checkpoint: Path, tmp_path: Path) -> None:
     """trainer.nproc=2 relaunches through torchrun (gloo on CPU): one run folder, rank 0 writes it (metrics,
-    checkpoints, the periodic eval)."""
-    run_retool(
+    checkpoints, the periodic eval). The ranks as fresh interpreters, as with CUDA (RETOOL_RANK_START=exec; the
+    other multi-process tests fork them from torchrun's agent, as on CPU)."""
+    result = run_retool(
         "train",
         *TRAIN,
         "trainer.total_steps=2",
@@ -143,7 +144,9 @@ def test_two_processes_with_torchrun(sft_checkpoint: Path, tmp_path: Path) -> No
         "hydra.run.dir=run",
         cwd=tmp_path,
         check=True,
+        env={"RETOOL_RANK_START": "exec"},
     )
+    assert "--nproc_per_node=2 -m retool_cli train" in " ".join((result.stdout + result.stderr).split())
     rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]  # written once, by rank 0
     assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0  # the periodic eval runs on rank 0 only: 3 x 2 samples

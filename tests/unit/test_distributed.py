@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 from pathlib import Path
@@ -36,6 +37,13 @@ def batch(tokenizer) -> tuple[list[Trajectory], torch.Tensor]:
             trajectories.append(Trajectory(MathExample(f"q{q}", "x", "1", "t"), j, prompt, response, mask))
             rewards.append(float(rng.choice([-1, 1])))
     return trajectories, torch.tensor(rewards)
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """mp.spawn's processes, forked from a server that imported this module (torch, transformers, the trainer)
+    once per test process, rather than each a fresh interpreter importing them (5-6 s of a core each)."""
+    multiprocessing.set_forkserver_preload([__name__])
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
 
 
 def leave_group() -> None:
@@ -93,8 +101,8 @@ def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool) -> N
     reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update."""
     tiny_model_path()  # build once before the processes start
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    mp.spawn(run_update, args=(1, str(tmp_path / "init1"), str(one), loss_agg), nprocs=1)
-    mp.spawn(run_update, args=(2, str(tmp_path / "init2"), str(two), loss_agg, fsdp), nprocs=2)
+    spawn(run_update, (1, str(tmp_path / "init1"), str(one), loss_agg), 1)
+    spawn(run_update, (2, str(tmp_path / "init2"), str(two), loss_agg, fsdp), 2)
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path()).state_dict()
@@ -122,7 +130,7 @@ def test_each_torchrun_process_gets_its_own_vllm_engine(tmp_path: Path, world: i
     """vLLM's own worker would take the first visible GPU in every process; under torchrun it must run in
     the process (external_launcher), as TRL's colocate mode does. Checked without vLLM: its arguments."""
     out = str(tmp_path / "args")
-    mp.spawn(engine_arguments, args=(world, str(tmp_path / "init"), out), nprocs=world)
+    spawn(engine_arguments, (world, str(tmp_path / "init"), out), world)
     expected = "{'distributed_executor_backend': 'external_launcher'}" if world > 1 else "{}"
     assert [Path(f"{out}.{rank}").read_text() for rank in range(world)] == [expected] * world
 
@@ -148,7 +156,6 @@ def rewrite_key(folder: str, key: str, stop_after_s: float) -> None:
 def test_a_rank_reading_the_run_key_while_rank_0_writes_it_finds_it_whole(tmp_path: Path) -> None:
     """Every process of a resumed run checks the folder's key while rank 0 rewrites it: the reader sees the key,
     never an empty file taken for another run's (a CI failure of the FSDP2 resume test)."""
-    import multiprocessing
     import time
 
     from retool_cli.run_keys import find_resumable, write_key
@@ -196,7 +203,7 @@ def test_every_process_must_see_rank_0s_run_folder(tmp_path: Path, blind: bool) 
     folder, out = tmp_path / "run", tmp_path / "out"
     folder.mkdir()
     out.mkdir()
-    mp.spawn(check_folder, args=(2, str(tmp_path / "init"), str(folder), str(out), blind), nprocs=2)
+    spawn(check_folder, (2, str(tmp_path / "init"), str(folder), str(out), blind), 2)
     results = [(out / f"rank{r}").read_text() for r in range(2)]
     if not blind:
         assert results == [f"ok {folder}"] * 2 and list(folder.iterdir()) == []  # the token is cleaned up

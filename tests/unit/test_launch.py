@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from retool_cli import run_lock, stops
 from retool_cli.config import TrainerConfig
@@ -87,12 +88,13 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_master(monkeypatch, tmp_p
     launched: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(launch, "supervise", lambda command, env: launched.append((command, env)) or 0)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv(launch.RANK_START_ENV, "exec")  # ranks as fresh interpreters: `-m retool_cli train ...`
     trainer = TrainerConfig(nproc=4, nnodes=2)
     layout = Rendezvous(2, 1, "gpu-st-p4d-017", 27733)
     overrides = ["recipe=dapo_smoke", "trainer.nproc=4", "trainer.node_rank=0", "hydra.run.dir=elsewhere"]
     launch.launch_processes(trainer, layout, overrides, tmp_path / "run")
     [(command, env)] = launched
-    assert command[1:6] == ["-m", "retool_cli.rl.torchrun", "gpu-st-p4d-017", "27733", "0"]  # node 1: no store
+    assert command[1:7] == ["-m", "retool_cli.rl.torchrun", "gpu-st-p4d-017", "27733", "0", "exec"]  # no store
     assert {"--nnodes=2", "--node_rank=1", "--rdzv_backend=static", "--nproc_per_node=4"} <= set(command)
     assert "GLOO_SOCKET_IFNAME" not in env and env[run_lock.LAUNCHER_ENV] == str(os.getpid())
     assert stops.REPORT_ENV in env
@@ -100,10 +102,24 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_master(monkeypatch, tmp_p
     assert tail[0] == "train" and "recipe=dapo_smoke" in tail and "trainer.node_rank=0" not in tail
     assert "trainer.node_rank=1" in tail and tail[-1] == f"hydra.run.dir={tmp_path / 'run'}"
     launched.clear()
+    monkeypatch.setenv(launch.RANK_START_ENV, "fork")  # ranks forked from torchrun's agent, running rl/rank.py
     with run_lock.holding():
         launch.launch_processes(TrainerConfig(nproc=2), Rendezvous(1, 0, "127.0.0.1", 29500), [], tmp_path)
     [(command, env)] = launched
-    assert command[3:6] == ["127.0.0.1", "0", "1"] and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert command[3:7] == ["127.0.0.1", "0", "1", "fork"]
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    rank = command.index("--run-path")
+    assert "--start-method=fork" in command and command[rank + 1 : rank + 3] == [str(launch.RANK_SCRIPT), "train"]
+
+
+def test_ranks_are_forked_only_where_torch_has_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process forked from one that touched CUDA cannot use it: with a CUDA build, fresh interpreters."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    assert launch.rank_start({}) == "exec" and launch.rank_start({launch.RANK_START_ENV: "fork"}) == "fork"
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    assert launch.rank_start({}) == "fork" and launch.rank_start({launch.RANK_START_ENV: "exec"}) == "exec"
+    with pytest.raises(ConfigError, match="RETOOL_RANK_START='spawn': use fork or exec"):
+        launch.rank_start({launch.RANK_START_ENV: "spawn"})
 
 
 def test_only_node_zero_holds_the_run_folder() -> None:
