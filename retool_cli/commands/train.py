@@ -108,7 +108,7 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         if t.nproc > 1 or layout.nnodes > 1:  # relaunched through torchrun, joined with the other nodes
             check_devices(config)  # once, here: not once per process, after they started
             model_path(config.model)  # model=tiny built here, once (model/tiny.py), not by ranks racing
-            return launch_processes(t, layout, overrides, run_dir)
+            return launch_processes(t, layout, overrides, run_dir, config.rollout.engine is RolloutEngine.vllm)
         run_lock.claim(run_dir, "train")
     with peers_alive():
         train(for_this_process(config, rank, size), run_dir, key, rank, size)

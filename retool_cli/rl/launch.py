@@ -112,17 +112,20 @@ def resolve_rendezvous(trainer: TrainerConfig, env: Mapping[str, str], typed: se
     return layout
 
 
-def launch_processes(trainer: TrainerConfig, layout: Rendezvous, overrides: list[str], run_dir: Path) -> None:
+def launch_processes(
+    trainer: TrainerConfig, layout: Rendezvous, overrides: list[str], run_dir: Path, vllm: bool = False
+) -> None:
     """Run this same `retool train` job as trainer.nproc torchrun processes on this node, joined with the other
     nodes' (this job's overrides only, so a sweep job does not sweep again; the layout as resolved). A stop
-    signal is passed to the ranks; their stop (rank 0 names its signal in a report file) is this command's."""
+    signal is passed to the ranks; their stop (rank 0 names its signal in a report file) is this command's.
+    `vllm`: the ranks run vLLM engines (see rank_start)."""
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", *(f"trainer.{k}=" for k in LAUNCH_KEYS)))]
     one_node = layout.nnodes == 1
     where = [f"--nnodes={layout.nnodes}", f"--node_rank={layout.node_rank}", "--rdzv_backend=static"]
     if not one_node:
         where.append(f"--rdzv_conf=timeout={int(trainer.collective_timeout_s)}")  # waiting for the other nodes
     addr, port = ("127.0.0.1", 0) if one_node else (layout.master_addr, layout.master_port)
-    start = rank_start(os.environ)
+    start = rank_start(os.environ, vllm)
     rank = ["--start-method=fork", "--run-path", str(RANK_SCRIPT)] if start == "fork" else ["-m", "retool_cli"]
     command = [
         sys.executable,
@@ -167,13 +170,15 @@ RANK_SCRIPT = Path(__file__).with_name("rank.py")
 RANK_START_ENV = "RETOOL_RANK_START"
 
 
-def rank_start(env: Mapping[str, str]) -> str:
+def rank_start(env: Mapping[str, str], vllm: bool = False) -> str:
     """How torchrun starts the ranks: "fork" (copies of its agent, which imported the trainer once: rl/rank.py)
     where torch is built without CUDA, "exec" (a fresh interpreter each, as torchrun does) where it has CUDA,
-    which a forked process cannot use once its parent touched it. RETOOL_RANK_START=fork|exec chooses."""
+    which a forked process cannot use once its parent touched it, and where the ranks run vLLM (`vllm`): a
+    forked rank ends without the C++ teardown that releases the shared memory of vLLM's CPU tensor parallelism
+    (its names are fixed: the next run would fail on them). RETOOL_RANK_START=fork|exec chooses."""
     import torch
 
-    chosen = env.get(RANK_START_ENV) or ("exec" if torch.backends.cuda.is_built() else "fork")
+    chosen = env.get(RANK_START_ENV) or ("exec" if vllm or torch.backends.cuda.is_built() else "fork")
     if chosen not in ("fork", "exec"):
         raise ConfigError(f"{RANK_START_ENV}={chosen!r}: use fork or exec")
     return chosen

@@ -112,12 +112,13 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_master(monkeypatch, tmp_p
     assert "--start-method=fork" in command and command[rank + 1 : rank + 3] == [str(launch.RANK_SCRIPT), "train"]
 
 
-def test_ranks_are_forked_only_where_torch_has_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_are_forked_only_where_torch_has_no_cuda_and_no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process forked from one that touched CUDA cannot use it: with a CUDA build, fresh interpreters."""
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     assert launch.rank_start({}) == "exec" and launch.rank_start({launch.RANK_START_ENV: "fork"}) == "fork"
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     assert launch.rank_start({}) == "fork" and launch.rank_start({launch.RANK_START_ENV: "exec"}) == "exec"
+    assert launch.rank_start({}, vllm=True) == "exec"  # vLLM's CPU tensor parallelism needs a process's own exit
     with pytest.raises(ConfigError, match="RETOOL_RANK_START='spawn': use fork or exec"):
         launch.rank_start({launch.RANK_START_ENV: "spawn"})
 
