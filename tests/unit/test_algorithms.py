@@ -212,6 +212,33 @@ def test_without_a_mismatch_every_correction_is_the_plain_loss_to_the_last_bit()
         assert torch.equal(loss, plain) and torch.equal(grad, grad_plain), mode
 
 
+def test_stale_tokens_get_the_decoupled_ppo_loss() -> None:
+    """Tokens sampled by older weight versions (the behaviour policy: each token's sampler log-prob, mixed
+    versions in one sequence) against the trainer's weights before the update (the proximal policy, `old`):
+    policy_loss with token_tis weights is decoupled PPO as AReaL writes it (Fu et al. 2025, arXiv 2505.24298;
+    Hilton et al. 2022): per token -min(r A, clip(r) A) * min(pi_prox / pi_behav, cap), r = pi_theta / pi_prox;
+    loss and gradient by hand."""
+    gen = torch.Generator().manual_seed(3)
+    logp = (torch.randn(4, 7, generator=gen) * 0.4 - 1).requires_grad_()
+    prox = logp.detach() + torch.randn(4, 7, generator=gen) * 0.3
+    behaviour = prox + torch.randn(4, 7, generator=gen) * 0.5  # versions older than the proximal one
+    mask = (torch.rand(4, 7, generator=gen) > 0.25).float()
+    adv = torch.randn(4, generator=gen)
+    weights, _ = rollout_correction(prox, behaviour, mask, "token_tis", cap=2.0)
+    loss, _ = policy_loss(
+        logp, prox, adv, mask, clip_low=0.2, clip_high=0.28, aggregation="token_mean", weights=weights
+    )
+    r = torch.exp(logp - prox)
+    a = adv[:, None]
+    surrogate = torch.minimum(r * a, r.clamp(0.8, 1.28) * a)
+    importance = torch.exp(prox - behaviour).clamp(max=2.0)
+    by_hand = -(surrogate * importance * mask).sum() / mask.sum()
+    assert torch.allclose(loss, by_hand, atol=1e-6)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (grad_by_hand,) = torch.autograd.grad(by_hand, logp)
+    assert torch.allclose(grad, grad_by_hand, atol=1e-7) and grad.abs().sum() > 0
+
+
 def trl_is_ratio(old, sampling, mask, mode, clip_min, clip_max):
     """TRL GRPOTrainer._generate_and_score_completions: the vLLM importance-sampling ratio (trl 1.16)."""
     per_token_logps_diff = (old - sampling) * mask
