@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import queue
+import re
 import selectors
 import shutil
 import signal
@@ -63,6 +64,21 @@ START_ATTEMPTS = 3  # a worker that fails to (re)start is tried this many times 
 UID_RANGE = 4096  # snippet uids claimed from sandbox.uid_base upwards
 UID_LOCKS = Path("/run/lock/retool-sandbox-uids")  # one lock file per snippet uid in use on this machine
 _warned_rlimits = False
+
+
+# An object's address in its repr ("<generator object <genexpr> at 0x7f3b48d90c80>"): where the process's memory
+# lies, which the kernel randomises for each process (ASLR), so the same snippet would print another text in
+# another run, and the model would continue differently.
+_ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{6,16}\b")
+
+
+def without_addresses(text: str) -> str:
+    """`text` with each object address written as a fixed one, numbered by first appearance (two objects stay two
+    addresses, one object printed twice stays one), so that an output is the same in every run."""
+    if " at 0x" not in text:
+        return text
+    seen: dict[str, str] = {}
+    return _ADDRESS.sub(lambda m: seen.setdefault(m.group(0), f"0x{0x7F0000000000 + 0x10 * len(seen):x}"), text)
 
 
 class SandboxError(RetoolError):
@@ -310,8 +326,8 @@ class _Worker:
             self.stop()
             return ExecResult("", "", "killed", time.monotonic() - started, detail, None, False, infra_error=True)
         return ExecResult(
-            reply["stdout"],
-            reply["stderr"],
+            without_addresses(reply["stdout"]),
+            without_addresses(reply["stderr"]),
             reply["status"],
             reply["duration_s"],
             reply["reason"],

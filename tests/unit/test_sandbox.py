@@ -7,6 +7,7 @@ leave nothing behind, and never harm this (the host) process.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -267,6 +268,21 @@ def test_fresh_state_every_call() -> None:
 def test_same_seed_same_random_numbers(sandbox: Sandbox) -> None:
     code = "import random, numpy\nprint(random.random(), numpy.random.rand())"
     assert sandbox.run(code).stdout == sandbox.run(code).stdout
+
+
+def test_object_addresses_print_the_same_in_every_run() -> None:
+    """A repr's address (`<function f at 0x7f...>`) lies where the kernel put the process's memory, which differs
+    from process to process: written as a fixed one, so a snippet's output is the same in another run (whose
+    workers are other processes); two objects keep two addresses, one object printed twice keeps one."""
+    code = "f = lambda: 0\ng = (d for d in '1')\nprint(f, g, f)"
+    outputs = []
+    for _ in range(2):
+        with Sandbox(config(Isolation.bwrap if BWRAP_OK else Isolation.rlimits, workers=1)) as box:
+            outputs.append(box.run(code).stdout)
+    first, second = outputs
+    assert first == second
+    f, g, f_again = re.findall(r"at (0x[0-9a-f]+)>", first)
+    assert f == f_again != g
 
 
 def test_host_secrets_are_invisible(sandbox: Sandbox, tmp_path: Path) -> None:
