@@ -37,6 +37,8 @@ from retool_cli.errors import ConfigError, RetoolError
 
 log = logging.getLogger(__name__)
 LAUNCH_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")  # how a run is laid out, not what it computes
+RANK_SCRIPT = Path(__file__).with_name("rank.py")  # what a forked rank runs (rank_start)
+RANK_START_ENV = "RETOOL_RANK_START"  # fork | exec: overrides rank_start's choice
 
 
 @dataclass(frozen=True)
@@ -164,10 +166,6 @@ def launch_processes(
         logged = run_dir / "train.log"
         see = f"see {logged}" if logged.is_file() and logged.stat().st_size else "see its error above"
         raise RetoolError(f"a training process failed (exit status {returncode}); {see} (and the other nodes' logs)")
-
-
-RANK_SCRIPT = Path(__file__).with_name("rank.py")
-RANK_START_ENV = "RETOOL_RANK_START"
 
 
 def rank_start(env: Mapping[str, str], vllm: bool = False) -> str:

@@ -4,8 +4,9 @@ and runs torchrun with `--start-method=fork --run-path` this file, so each rank 
 instead of a fresh interpreter that imports them again (6-7 s of a core per process on a 2-core machine; more on
 a cluster node whose ranks import from a shared file system at once).
 
-Only where torch has no CUDA (launch.rank_start): a process forked from one that has touched CUDA cannot use it,
-and the agent's imports may. With CUDA, ranks are fresh interpreters (`-m retool_cli`), as torchrun makes them.
+Only where torch has no CUDA and the ranks run no vLLM (launch.rank_start): a process forked from one that has
+touched CUDA cannot use it, and vLLM's CPU tensor parallelism releases its shared memory only at a process's own
+exit. Otherwise ranks are fresh interpreters (`-m retool_cli`), as torchrun makes them.
 
 A forked rank is not a fresh interpreter, so it becomes one here: the agent's signal handlers and exit handlers
 are dropped, torch's thread count is the one torchrun gives fresh ranks (OMP_NUM_THREADS, read by a fresh process
@@ -61,9 +62,11 @@ def main() -> None:
     try:
         runpy.run_module("retool_cli", run_name="__main__", alter_sys=True)  # as `python -m retool_cli` runs
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-        if code == 1 and not isinstance(stop.code, int):
-            print(stop.code, file=sys.stderr)  # SystemExit("message"), as the interpreter prints it
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:  # SystemExit("message"): printed, status 1, as the interpreter does
+            print(stop.code, file=sys.stderr)
+            code = 1
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
