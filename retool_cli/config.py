@@ -448,6 +448,13 @@ class TrainerConfig:
     mask_truncated: bool = doc(True, "DAPO overlong filtering: no gradient from length-truncated trajectories")
     dynamic_sampling: bool = doc(False, "DAPO: drop all-equal-reward groups and sample more questions")
     max_sampling_rounds: int = doc(3, "cap on extra rollout batches per step with dynamic sampling")
+    max_staleness: int = doc(
+        0,
+        "k: sampling of later steps overlaps the update, and every token of a step was sampled by weights at most "
+        "k updates old (step s by version max(0, s - 1 - k), fixed by the config alone: rl/overlap.py; README, "
+        "Overlapped training); 0 = on-policy, sampling and update take turns. Pair with rollout_correction="
+        "token_tis for AReaL's decoupled loss. For now: one process, the hf engine, full fine-tuning",
+    )
     save_every: int = doc(50, "checkpoint every N steps (and at the end)")
     keep_last: int = doc(2, "checkpoints kept on disk")
     save_on_signal: bool = doc(
@@ -521,7 +528,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "trainer.lr", "must be > 0")
-        for key in ("weight_decay", "warmup_steps", "kl_coef", "max_sampling_rounds", "eval_every"):
+        for key in ("weight_decay", "warmup_steps", "kl_coef", "max_sampling_rounds", "eval_every", "max_staleness"):
             _check(getattr(self, key) >= 0, f"trainer.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(
             self.grad_clip > 0, "trainer.grad_clip", f"must be > 0 (the largest gradient norm), got {self.grad_clip}"
@@ -923,6 +930,7 @@ class RetoolConfig:
     def __post_init__(self) -> None:
         self._check_budgets()
         self._check_learning_signal()
+        self._check_overlap()
         # the hf engine's rollout.dtype is a second copy of the weights (vLLM's is vLLM's own)
         hf_copy = self.rollout.engine is RolloutEngine.hf and self.rollout.dtype != Dtype.auto
         _check(
@@ -931,6 +939,24 @@ class RetoolConfig:
             "LoRA (model.lora_rank) and the hf engine's rollout.dtype copy are not supported with FSDP2 yet; "
             "use data parallel (trainer.fsdp=false) for them",
         )
+
+    def _check_overlap(self) -> None:
+        """What overlapped training (trainer.max_staleness > 0, rl/overlap.py) runs with so far."""
+        t = self.trainer
+        if self.command != "train" or t.max_staleness == 0:
+            return
+        unsupported = [
+            (self.rollout.engine is not RolloutEngine.hf, f"rollout.engine={self.rollout.engine.value}"),
+            (t.nproc > 1 or t.nnodes > 1, f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes"),
+            (self.model.lora_rank > 0, f"model.lora_rank={self.model.lora_rank}"),
+        ]
+        for refused, what in unsupported:
+            _check(
+                not refused,
+                "trainer.max_staleness",
+                f"{t.max_staleness} (overlapped training) runs in one process with rollout.engine=hf and full "
+                f"fine-tuning for now, not with {what}; set trainer.max_staleness=0 for it",
+            )
 
     def _check_learning_signal(self) -> None:
         """GRPO-family advantages compare the samples of one question: with one sample, or greedy samples that

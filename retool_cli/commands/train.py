@@ -8,6 +8,8 @@ import copy
 import logging
 import os
 import random
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,8 @@ from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval
-from retool_cli.faults import die_if_due, pause_if_due
-from retool_cli.interfaces import Engine
+from retool_cli.faults import die_if_due, jitter, pause_if_due
+from retool_cli.interfaces import Engine, Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer, model_path
@@ -40,11 +42,14 @@ from retool_cli.rl.distributed import (
     peers_alive,
     same_folder_everywhere,
     shard,
+    world,
 )
 from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
+from retool_cli.rl.overlap import Pipeline
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
 from retool_cli.rl.update import update
+from retool_cli.rollout import build_engine
 from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
@@ -144,7 +149,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(optimizer, t.warmup_steps, t.total_steps, t.schedule)
     metrics = MetricsLog(out_dir, t.tensorboard, t.wandb_project, {"seed": config.seed, "recipe": source}, rank)
-    start, cursor = resume(checkpoint, model, optimizer, scheduler, metrics)
+    start, cursor, pending = resume(checkpoint, model, optimizer, scheduler, metrics)
     log.info("train: %d questions, %d steps, from %s -> %s", len(examples), t.total_steps, source, out_dir)
     protocol = build_protocol(config.protocol, tokenizer)
     examples = drop_overlong_prompts(examples, protocol, config.rollout.max_prompt_tokens)
@@ -159,44 +164,47 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
         sync_weights(config, rt.engine, model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
         plan = StepPlan.of(config, precision)
-        for step in range(start + 1, t.total_steps + 1):
-            timer, before = Timer(), {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
-            try:  # one process: a stop abandons the rollouts at once (nothing trained yet); several: see agreed_stop
-                with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
-                    pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
-                    batch, cursor = collect(plan, examples, cursor, step, rt)
-            except stops.Stopped:
-                if t.save_on_signal and step - 1 > checkpoint_at.last:
-                    checkpoint_at(step - 1, before)
-                raise
-            with engine_call(config, "the engine's sleep"):
-                rt.engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded, while we train
-            with timer("update_s"):
-                stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
-            with engine_call(config, "the engine's wake-up"):
-                rt.engine.wake_up()
-            # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
-            sync_weights(config, rt.engine, model)
-            row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
-            if t.eval_every and step % t.eval_every == 0 and dev_split:
-                with weights_for(config, model):  # (hf + FSDP2: a collective); then rank 0 alone evaluates
-                    if rank == 0:
-                        folder = out_dir / "evals" / f"step_{step}"
-                        row.update(dev_eval(config, dev_split[: t.eval_problems], folder, rt))
-            metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
-            progress.update(
-                task,
-                completed=step,
-                description=f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}",
-            )
-            stop = agreed_stop()
-            if step % t.save_every == 0 or step == t.total_steps or (stop and t.save_on_signal):
-                checkpoint_at(step, {"cursor": cursor})
-            barrier()  # no process runs ahead of a checkpoint being written
-            die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
-            if stop:
-                log.warning("stopped after step %d (last checkpoint: step %d)", step, checkpoint_at.last)
-                raise stops.Stopped(stop)
+        with overlapped_sampling(config, plan, precision, examples, rt, model, start, cursor, pending) as pipeline:
+            for step in range(start + 1, t.total_steps + 1):
+                timer = Timer()
+                if pipeline is None:
+                    batch, cursor = rollouts_in_turn(plan, examples, cursor, step, rt, model, timer, checkpoint_at)
+                else:
+                    batch, cursor, timer.times["rollout_s"] = pipeline.take(step)
+                with engine_call(config, "the engine's sleep"):
+                    rt.engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded
+                with timer("update_s"):
+                    jitter("update")  # the determinism tests' random delay (faults.py; nothing outside tests)
+                    die_if_due("update", step)  # killed mid-step: the resume tests (RETOOL_DIE_AFTER=update:N)
+                    stats = update(plan, model, batch, optimizer, scheduler, tokenizer.pad_token_id, ref_model)
+                if pipeline is not None:
+                    pipeline.publish(step, model)  # the sampler may start the batch that waited for it
+                with engine_call(config, "the engine's wake-up"):
+                    rt.engine.wake_up()
+                # refresh what the engine keeps of the weights: vLLM's copy, a cast copy, prepacked CPU matrices
+                sync_weights(config, rt.engine, model)
+                row = {"step": step, **step_metrics(batch, timer.times, next(model.parameters()).device), **stats}
+                if pipeline is not None:
+                    row.update(pipeline.metrics(step, batch))
+                if t.eval_every and step % t.eval_every == 0 and dev_split:
+                    with weights_for(config, model), pipeline.paused() if pipeline else contextlib.nullcontext():
+                        if rank == 0:  # (hf + FSDP2: the weights' gather is a collective); then rank 0 alone
+                            folder = out_dir / "evals" / f"step_{step}"
+                            row.update(dev_eval(config, dev_split[: t.eval_problems], folder, rt))
+                metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
+                progress.update(
+                    task,
+                    completed=step,
+                    description=f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}",
+                )
+                stop = agreed_stop()
+                if step % t.save_every == 0 or step == t.total_steps or (stop and t.save_on_signal):
+                    checkpoint_at(step, pipeline.checkpoint_state(step, cursor) if pipeline else {"cursor": cursor})
+                barrier()  # no process runs ahead of a checkpoint being written
+                die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
+                if stop:
+                    log.warning("stopped after step %d (last checkpoint: step %d)", step, checkpoint_at.last)
+                    raise stops.Stopped(stop)
     leave_process_group()
     if rank > 0:
         return
@@ -205,16 +213,77 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     log.info("wrote %s", out_dir)
 
 
-def resume(checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog) -> tuple[int, int]:
-    """(step, data cursor) to continue from: the checkpoint's, with its optimizer, schedule and RNG restored, or
-    (0, 0). The metrics log (rank 0's) loses what a stopped run logged after it (all of it, without one)."""
-    start, cursor = 0, 0
+def resume(
+    checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog
+) -> tuple[int, int, list]:
+    """(step, data cursor, the batches sampled ahead) to continue from: the checkpoint's, with its optimizer,
+    schedule and RNG restored, or (0, 0, []). The data cursor is the one after the last batch sampled (with
+    trainer.max_staleness, the checkpoint keeps the batches sampled for the steps after it: rl/overlap.py). The
+    metrics log (rank 0's) loses what a stopped run logged after it (all of it, without one)."""
+    start, cursor, pending = 0, 0, []
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
-        start, cursor = state["step"], state["cursor"]
+        start, cursor, pending = state["step"], state["cursor"], state.get("pending", [])
         log.info("resumed from %s (step %d)", checkpoint, start)
     metrics.truncate_after(start)
-    return start, cursor
+    return start, cursor, pending
+
+
+def rollouts_in_turn(
+    plan: StepPlan,
+    examples: list,
+    cursor: int,
+    step: int,
+    rt: Any,
+    model: Any,
+    timer: Timer,
+    checkpoint_at: Checkpointing,
+) -> tuple[Any, int]:
+    """Step `step`'s rollouts with the policy's current weights (trainer.max_staleness=0): the batch and the
+    data cursor after it. One process: a stop abandons them at once (nothing trained yet) and, with
+    trainer.save_on_signal, checkpoints the step before; several: see agreed_stop."""
+    config, size = checkpoint_at.config, world()[1]
+    before = {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
+    try:
+        with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
+            pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
+            return collect(plan, examples, cursor, step, rt)
+    except stops.Stopped:
+        if config.trainer.save_on_signal and step - 1 > checkpoint_at.last:
+            checkpoint_at(step - 1, before)
+        raise
+
+
+@contextlib.contextmanager
+def overlapped_sampling(
+    config: RetoolConfig,
+    plan: StepPlan,
+    precision: Precision,
+    examples: list,
+    rt: Runtime,
+    model: Any,
+    start: int,
+    cursor: int,
+    pending: list,
+) -> Iterator[Pipeline | None]:
+    """With trainer.max_staleness > 0, the sampler thread (rl/overlap.py) with an engine of its own, its
+    weights at step `start`; else None (rollouts and update take turns)."""
+    if config.trainer.max_staleness == 0:
+        yield None
+        return
+    engine = build_engine(config, precision, model, rt.tokenizer, own_copy=True)
+    sampler_rt = replace(rt, engine=engine)  # the tools and judge are shared: a periodic eval pauses the sampler
+
+    def sample(step: int, cursor: int) -> tuple[Any, int]:
+        pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
+        die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
+        return collect(plan, examples, cursor, step, sampler_rt)
+
+    t = config.trainer
+    last, timeout = t.total_steps, config.rollout.engine_timeout_s
+    with Pipeline(sample, engine, t.max_staleness, start, last, cursor, pending, timeout) as pipeline:
+        pipeline.publish(start, model)
+        yield pipeline
 
 
 class Checkpointing:

@@ -11,11 +11,17 @@ from retool_cli.model.precision import Precision
 
 
 def build_engine(
-    cfg: RetoolConfig, precision: Precision, model: Any, tokenizer: Any, weights: str | None = None
+    cfg: RetoolConfig,
+    precision: Precision,
+    model: Any,
+    tokenizer: Any,
+    weights: str | None = None,
+    own_copy: bool = False,
 ) -> Engine:
     """The rollout engine of `rollout.engine`, sampling in `precision.sampling`; vLLM is imported only when
     selected. vLLM loads `weights` (a checkpoint folder or hub id; default `model.name_or_path`): the policy's
-    architecture and tokenizer. A trainer then syncs the policy's own weights into it before the first rollout."""
+    architecture and tokenizer. A trainer then syncs the policy's own weights into it before the first rollout.
+    `own_copy`: the hf engine samples from a copy of `model` (which the trainer may update meanwhile), not from it."""
     if cfg.rollout.engine is RolloutEngine.vllm:
         from retool_cli.model.loading import model_path
         from retool_cli.rollout.vllm_engine import VLLMEngine
@@ -37,4 +43,4 @@ def build_engine(
         )
     from retool_cli.rollout.hf_engine import HFEngine
 
-    return HFEngine(model, tokenizer, precision.sampling, accelerate=cfg.model.accelerate)
+    return HFEngine(model, tokenizer, precision.sampling, accelerate=cfg.model.accelerate, own_copy=own_copy)

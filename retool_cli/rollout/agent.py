@@ -38,6 +38,7 @@ from retool_cli.config import RolloutConfig, RolloutEngine, RolloutLoop
 from retool_cli.data.dataset import MathExample
 from retool_cli.env.reward import Response, RewardScore, answer_text, extract_boxed
 from retool_cli.errors import EngineRequestError
+from retool_cli.faults import jitter
 from retool_cli.interfaces import (
     Engine,
     EngineStream,
@@ -312,6 +313,7 @@ class _BatchStream:
         self.queued[key] = (prompt, max_new_tokens, seed)
 
     def poll(self) -> list[tuple[int, Generation]]:
+        jitter("engine")  # the determinism tests' random delay (faults.py; nothing outside tests)
         keys, requests = list(self.queued), list(self.queued.values())
         self.queued = {}
         prompts, budgets, seeds = [r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests]
@@ -369,6 +371,7 @@ class _Loop:
         budgets = [self.budget(t) for t in running]
         seeds = [self.seed_of(t) for t in running]
         started = time.perf_counter()
+        jitter("engine")  # the determinism tests' random delay (faults.py; nothing outside tests)
         with time_limit(self.cfg.engine_timeout_s, "a turn's engine call", _TIMEOUT_KEY):
             generations = self.engine.generate(
                 [t.token_ids for t in running], budgets, self.protocol.stop_strings, self.sampling, seeds
@@ -413,6 +416,7 @@ class _Loop:
 
     def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None]]:
         """Run calls, each tool's together; returns (job, its output, or None for a malformed call)."""
+        jitter("tools")  # the determinism tests' random delay (faults.py; nothing outside tests)
         outputs: dict[int, ToolOutput] = {}
         for name, tool in self.tools.items():
             mine = [i for i, job in enumerate(jobs) if job.call.name == name]

@@ -24,15 +24,24 @@ from retool_cli.rollout.kv_decoder import HFCacheDecoder, KVDecoder
 
 
 class HFEngine:
-    def __init__(self, model: Any, tokenizer: Any, dtype: torch.dtype | None = None, accelerate: bool = False) -> None:
-        """Generates with `model` itself, or, when `dtype` differs from the model's, with a copy in `dtype`
-        (e.g. bfloat16 next to an fp32 trainer) that `update_weights` refreshes. `accelerate` (model.accelerate)
-        decodes Llama-family models with kv_decoder.KVDecoder; otherwise, and for other models, each step is
-        the model's own forward with transformers' cache."""
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        dtype: torch.dtype | None = None,
+        accelerate: bool = False,
+        own_copy: bool = False,
+    ) -> None:
+        """Generates with `model` itself, or with a copy that `update_weights` refreshes: when `dtype` differs
+        from the model's (e.g. bfloat16 next to an fp32 trainer), or with `own_copy` (a sampler that runs while
+        the trainer updates the model: rl/overlap.py). `accelerate` (model.accelerate) decodes Llama-family
+        models with kv_decoder.KVDecoder; otherwise, and for other models, each step is the model's own forward
+        with transformers' cache."""
         self.accelerate = accelerate
-        self.copied = dtype is not None and dtype != next(model.parameters()).dtype
-        if dtype is not None and self.copied:
-            model = _cast_copy(model, dtype)
+        own_dtype = next(model.parameters()).dtype
+        self.copied = own_copy or (dtype is not None and dtype != own_dtype)
+        if self.copied:
+            model = _cast_copy(model, dtype or own_dtype)
         self.model = model
         self.pack_cache: dict[str, Any] = {}  # KVDecoder's prepacked weights, kept while the weights are unchanged
         self.tokenizer = tokenizer
@@ -156,7 +165,7 @@ class HFEngine:
 def _cast_copy(model: Any, dtype: torch.dtype) -> Any:
     """A frozen copy of `model` in `dtype`, cast parameter by parameter: a plain deepcopy would first hold a
     second copy in the model's own dtype (28 GB more for a 7B fp32 policy). Tied weights stay tied."""
-    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.parameters()}
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False) for p in model.parameters()}
     return copy.deepcopy(model, memo).to(dtype).eval()
 
 

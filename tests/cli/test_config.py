@@ -165,6 +165,10 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["trainer.fsdp=true", "model.lora_rank=4"], "trainer.fsdp: LoRA"),
         (["trainer.fsdp=true", "rollout.dtype=bfloat16"], "trainer.fsdp: LoRA"),
         (["model.lora_rank=-1"], "model.lora_rank: must be >= 0"),
+        (["trainer.max_staleness=-1"], "trainer.max_staleness: must be >= 0"),
+        (["trainer.max_staleness=1", "rollout=vllm"], "trainer.max_staleness: 1 (overlapped training)"),
+        (["trainer.max_staleness=2", "trainer.nproc=2"], "not with trainer.nproc=2 x trainer.nnodes=1"),
+        (["trainer.max_staleness=1", "model.lora_rank=4"], "not with model.lora_rank=4"),
     ],
 )
 def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:

@@ -1,0 +1,287 @@
+"""Sampling that overlaps the update (trainer.max_staleness = k > 0): a thread samples the next steps' batches
+with its own copy of the weights while the trainer updates on the current one.
+
+What samples what is fixed by the config, never by timing:
+
+    step s's batch is sampled by weight version  v(s) = max(0, s - 1 - k)     (version v: the weights after v updates)
+
+so batch s can be sampled as soon as update s - 1 - k is done, while updates s - k .. s - 1 run; at update s the
+trainer is (s - 1) - v(s) = min(s - 1, k) versions ahead of the tokens it trains on. The sampler produces the
+batches in step order from one data cursor, each with its own step's seeds (rl/step.py: collect; a request's
+tokens depend on its prompt and seed alone), so a faster or slower trainer, engine or interpreter changes the
+wall time and nothing else. k = 0 is the synchronous schedule, which the trainer runs without this module.
+
+    trainer (main thread)                            sampler (a thread; its own copy of the weights)
+      take(s): waits for batch s                       for s = first .. last: wait for version v(s), load it,
+      update s                                           collect(s) holding `lock`, hand the batch over
+      publish(s, model): a snapshot of version s
+      checkpoint_state(s): batches s+1 .. s+k (waits for them) with the data cursor after each
+
+A checkpoint of step c keeps the batches of steps c+1 .. c+k, in flight when it was written (regenerating them
+would need the weights of versions c-k .. c-1, which a checkpoint does not keep): a resumed run hands them over
+first and samples step c+k+1 with version c, the checkpoint's own weights, as the uninterrupted run did. A stop
+signal ends the run at a step's end, after the batches in flight (stops.py's grace bounds it; a kill resumes
+from the last checkpoint as exactly).
+
+The loss on stale tokens is decoupled PPO (Hilton et al. 2022, arXiv 2110.00641; AReaL, Fu et al. 2025, arXiv
+2505.24298): the behaviour policy is the sampler's log-prob per token (kept with each trajectory), the proximal
+policy the trainer's weights before the update (rl/update.py: `old`), the clipped ratio current / proximal, and
+trainer.rollout_correction weighs proximal / behaviour (token_tis: AReaL's capped importance weight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from retool_cli.errors import EngineTimeout
+from retool_cli.interfaces import Engine, Generation, Sampling
+from retool_cli.rl.batch import Batch
+
+Collect = Callable[[int, int], tuple[Batch, int]]  # (step, data cursor) -> (the step's batch, the cursor after it)
+WAIT_POLL_S = 0.5  # how often a waiting trainer looks at the sampler's health
+
+
+def behaviour_version(step: int, max_staleness: int) -> int:
+    """The weight version (updates done) that samples step `step`'s batch."""
+    return max(0, step - 1 - max_staleness)
+
+
+class WeightSnapshot:
+    """A copy of a policy's weights, which an engine loads as it loads a policy (`state_dict()`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+
+class _WatchedEngine:
+    """The sampler's engine, noting when its current call started: the trainer, waiting, bounds each call by
+    rollout.engine_timeout_s (watchdog.time_limit interrupts only the main thread)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.busy_since: float | None = None
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
+        self.busy_since = time.monotonic()
+        try:
+            return self.engine.generate(prompts, max_new_tokens, stop_strings, sampling, seeds)
+        finally:
+            self.busy_since = None
+
+    def update_weights(self, policy: Any) -> None:
+        self.busy_since = time.monotonic()
+        try:
+            self.engine.update_weights(policy)
+        finally:
+            self.busy_since = None
+
+    def sleep(self) -> None:
+        """The sampler's engine never sleeps: it samples while the trainer runs."""
+
+    def wake_up(self) -> None:
+        """See `sleep`."""
+
+
+@dataclass
+class _Sampled:
+    batch: Batch
+    cursor: int  # the data cursor after this batch
+    seconds: float  # the sampler's time on it (rollouts and rewards)
+
+
+class Pipeline:
+    """The sampler thread and what the trainer asks of it; see the module docstring."""
+
+    def __init__(
+        self,
+        collect: Collect,
+        engine: Engine,
+        max_staleness: int,
+        start: int,
+        last: int,
+        cursor: int,
+        pending: list[tuple[Batch, int]],
+        engine_timeout_s: float,
+    ) -> None:
+        """`collect` samples a step's batch with `engine`; `start`: the step the policy's weights are at (a
+        resumed checkpoint's, else 0), which the trainer publishes first; `last`: the run's last step;
+        `pending`: the batches of steps start+1 .. that a checkpoint kept, each with the data cursor after it;
+        `cursor`: the data cursor after the last of them (after step `start`'s without them)."""
+        self.collect, self.engine, self.cursor = collect, _WatchedEngine(engine), cursor
+        self.k, self.last, self.engine_timeout_s = max_staleness, last, engine_timeout_s
+        self.lock = threading.Lock()  # held by the sampler while it samples; `paused()` takes it
+        self.cond = threading.Condition()  # guards what follows
+        self.sampled = {start + 1 + i: _Sampled(batch, cursor, 0.0) for i, (batch, cursor) in enumerate(pending)}
+        self.snapshots: dict[int, WeightSnapshot] = {}  # published versions the sampler has not loaded yet
+        self.error: BaseException | None = None
+        self.waiting_for: int | None = None  # the version the sampler waits for
+        self.closing = False
+        self.idle_s = 0.0  # the sampler's time waiting for weights (or with nothing left to sample)
+        self.idle_since: float | None = None
+        self.trainer_wait_s = 0.0  # the trainer's time waiting for batches
+        self.last_report = (time.monotonic(), 0.0, 0.0)  # (when, trainer wait, sampler idle) at the last report
+        self.first = start + 1 + len(pending)
+        self.thread = threading.Thread(target=self._sample_all, name="retool-sampler", daemon=True)
+
+    def __enter__(self) -> Pipeline:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Ending the run (or failing): the sampler stops at its next batch; one in flight is abandoned (the
+        thread is a daemon), as synchronous rollouts are when a step fails."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        if exc[0] is None:
+            self.thread.join()
+
+    # ------------------------------------------------------------------ the sampler thread
+
+    def _sample_all(self) -> None:
+        loaded, cursor = None, self.cursor
+        try:
+            for step in range(self.first, self.last + 1):
+                version = behaviour_version(step, self.k)
+                if loaded != version:
+                    snapshot = self._wait_for_version(version)
+                    if snapshot is None:  # closing
+                        return
+                    self.engine.update_weights(snapshot)
+                    loaded = version
+                elif self.closing:
+                    return
+                started = time.perf_counter()
+                with self.lock:
+                    batch, cursor = self.collect(step, cursor)
+                with self.cond:
+                    self.sampled[step] = _Sampled(batch, cursor, time.perf_counter() - started)
+                    self.cond.notify_all()
+        except BaseException as error:  # handed to the trainer, which raises it
+            with self.cond:
+                self.error = error
+                self.cond.notify_all()
+        finally:
+            with self.cond:
+                self.idle_since = time.monotonic()  # nothing left to sample
+
+    def _wait_for_version(self, version: int) -> WeightSnapshot | None:
+        with self.cond:
+            self.idle_since, self.waiting_for = time.monotonic(), version
+            while version not in self.snapshots and not self.closing:
+                self.cond.wait()
+            self.idle_s += time.monotonic() - self.idle_since
+            self.idle_since = self.waiting_for = None
+            if self.closing:
+                return None
+            for old in [v for v in self.snapshots if v < version]:
+                del self.snapshots[old]
+            return self.snapshots.pop(version)
+
+    # ------------------------------------------------------------------ the trainer's side
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """Weight version `version` (after that many updates) is the policy's now: snapshot it for the sampler
+        when a batch still to sample needs it (every version up to the last step's does, v(s) growing by at
+        most one a step; the sampler drops each once loaded)."""
+        if self.first > self.last or version > behaviour_version(self.last, self.k):
+            return
+        snapshot = WeightSnapshot(model)
+        with self.cond:
+            self.snapshots[version] = snapshot
+            self.cond.notify_all()
+
+    def take(self, step: int) -> tuple[Batch, int, float]:
+        """Step `step`'s batch (waiting for it), the data cursor after it, and the sampler's seconds on it."""
+        started = time.monotonic()
+        sampled = self._wait_for(step)
+        with self.cond:
+            del self.sampled[step]
+        self.trainer_wait_s += time.monotonic() - started
+        return sampled.batch, sampled.cursor, sampled.seconds
+
+    def checkpoint_state(self, step: int, cursor: int) -> dict[str, Any]:
+        """What a checkpoint of step `step` keeps of the sampler: the batches of the steps after it up to k
+        (waiting for them) with the cursor after each, and the cursor after the last of them (`cursor`: the
+        one after step `step`'s batch)."""
+        pending = [self._wait_for(s) for s in range(step + 1, min(step + self.k, self.last) + 1)]
+        kept = [(p.batch, p.cursor) for p in pending]
+        return {"cursor": kept[-1][1] if kept else cursor, "pending": kept}
+
+    def _wait_for(self, step: int) -> _Sampled:
+        with self.cond:
+            while step not in self.sampled:
+                if self.error is not None:
+                    raise self.error
+                if self.waiting_for is not None and self.waiting_for not in self.snapshots:  # would never end
+                    raise RuntimeError(
+                        f"the sampler waits for weights {self.waiting_for}, the trainer for batch {step}"
+                    )
+                self._check_engine()
+                self.cond.wait(WAIT_POLL_S)
+            return self.sampled[step]
+
+    def _check_engine(self) -> None:
+        since = self.engine.busy_since
+        if self.engine_timeout_s > 0 and since is not None and time.monotonic() - since > self.engine_timeout_s:
+            raise EngineTimeout(
+                f"the sampler's engine call did not return within rollout.engine_timeout_s="
+                f"{self.engine_timeout_s:g} s: the engine is stuck or far slower than expected. Stopping; rerun the "
+                "same command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
+            )
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The sampler held between batches (a periodic eval uses the tools meanwhile)."""
+        with self.lock:
+            yield
+
+    def metrics(self, step: int, batch: Batch) -> dict[str, float]:
+        """Step `step`'s staleness metrics, and since the last call the shares of wall time the trainer waited
+        for batches and the sampler waited for weights (or had nothing left to sample)."""
+        with self.cond:
+            ongoing = time.monotonic() - self.idle_since if self.idle_since is not None else 0.0
+            idle = self.idle_s + ongoing
+        now = time.monotonic()
+        when, waited, idled = self.last_report
+        self.last_report = (now, self.trainer_wait_s, idle)
+        wall = max(now - when, 1e-9)
+        return {
+            **staleness_metrics(step, self.k, batch),
+            "time/trainer_idle_share": (self.trainer_wait_s - waited) / wall,
+            "time/sampler_idle_share": (idle - idled) / wall,
+        }
+
+
+def staleness_metrics(step: int, max_staleness: int, batch: Batch) -> dict[str, float]:
+    """How far behind the trainer the step's tokens were sampled: the lag in versions (mean and max over the
+    sampled tokens; the same for all of a step's tokens while every trajectory is sampled by one version), the
+    behaviour version, the share of trajectories sampled across versions, and tokens per lag."""
+    version = behaviour_version(step, max_staleness)
+    lag = step - 1 - version
+    tokens = sum(sum(x.response_mask) for x in batch.objects["trajectory"])
+    metrics = {
+        "rollout/staleness_mean": float(lag),
+        "rollout/staleness_max": float(lag),
+        "rollout/behaviour_version": float(version),
+        "rollout/partial_share": 0.0,
+    }
+    metrics.update({f"rollout/tokens_lag_{j}": float(tokens if j == lag else 0) for j in range(max_staleness + 1)})
+    return metrics

@@ -1,0 +1,113 @@
+"""trainer.max_staleness: sampling that overlaps the update (rl/overlap.py), end to end through the command
+line. Which weights sample each step is fixed by the config: random delays in the tools, the engine and the
+update change nothing but the wall time; a run killed anywhere resumes to the uninterrupted run's metrics,
+kept trajectories and weights (its checkpoints keep the batches sampled ahead)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.cli.test_stops import resume_line, rows_of, signal_when
+from tests.helpers import TINY, comparable, die_after, read_jsonl, run_retool
+
+STEPS = 4
+ARGS = [
+    "train",
+    *TINY,
+    f"trainer.total_steps={STEPS}",
+    "trainer.save_every=1",
+    f"trainer.keep_last={STEPS}",
+    "trainer.questions_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_response_tokens=64",
+    "rollout.max_tokens_per_turn=48",
+    "trainer.lr=1e-3",  # updates large enough that a stale batch differs from a fresh one
+    "trainer.mask_truncated=false",
+    "reward.overlong_buffer_tokens=48",  # lengths vary the reward: every group has a gradient
+]
+EVAL = ["trainer.eval_every=2", "trainer.eval_problems=2", "benchmark.n_samples=2", "benchmark.max_response_tokens=48"]
+JITTER = {"RETOOL_JITTER": "tools:0.05,engine:0.05,update:0.4"}
+
+
+def train(folder: Path, *extra: str, env: dict[str, str] | None = None) -> list[dict]:
+    folder.mkdir()
+    run_retool(*ARGS, *extra, "hydra.run.dir=run", cwd=folder, check=True, env=env)
+    return read_jsonl(folder / "run" / "metrics.jsonl")
+
+
+def weights(folder: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    [run] = [p.parent for p in folder.rglob("final.txt")]
+    return load_file(run / "checkpoints" / f"step_{step}" / "model.safetensors")
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stale_sampling_is_fixed_by_the_config_not_by_speed(sft_checkpoint: Path, tmp_path: Path) -> None:
+    """k = 1 twice, once with random delays everywhere (and a periodic eval pausing the sampler): the same
+    metrics, evals, kept trajectories and weights. Against k = 0: step 1 (sampled by the initial weights in
+    both) is the same bit for bit, and from step 2 on k = 1 trains on tokens one version old, which the
+    sampler-trainer gap shows."""
+    init = f"trainer.init_from={sft_checkpoint}"
+    stale = [init, "trainer.max_staleness=1", *EVAL]
+    steady = train(tmp_path / "steady", *stale)
+    shaken = train(tmp_path / "shaken", *stale, env=JITTER)
+    assert comparable(shaken) == comparable(steady)
+    assert read_jsonl(tmp_path / "shaken" / "run" / "rollouts.jsonl") == read_jsonl(
+        tmp_path / "steady" / "run" / "rollouts.jsonl"
+    )
+    assert same_weights(weights(tmp_path / "shaken"), weights(tmp_path / "steady"))
+    assert "eval/accuracy" in steady[1] and "eval/accuracy" in steady[3]
+    assert [r["rollout/behaviour_version"] for r in steady] == [0, 0, 1, 2]
+    assert [r["rollout/staleness_max"] for r in steady] == [0, 1, 1, 1]
+    assert all(0 <= r["time/trainer_idle_share"] <= 1 and 0 <= r["time/sampler_idle_share"] <= 1 for r in steady)
+    assert all(r["train/grad_norm"] > 0 for r in steady)
+
+    on_policy = train(tmp_path / "on_policy", init, *EVAL)
+    assert comparable(on_policy)[0] == {k: v for k, v in comparable(steady)[0].items() if k in on_policy[0]}
+    assert same_weights(weights(tmp_path / "on_policy", 1), weights(tmp_path / "steady", 1))
+    # the gap between the sampler's log-probs and the trainer's before the update: rounding on-policy, one
+    # update's worth with k = 1
+    assert all(r["train/mismatch_kl_k3"] < 1e-9 for r in on_policy)
+    assert all(r["train/mismatch_kl_k3"] > 1e-4 for r in steady[1:])
+
+
+@pytest.mark.parametrize("when", ["step:2", "update:3", "sampling:4"])
+def test_overlapped_training_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path, when: str) -> None:
+    """k = 2, killed after step 2's checkpoint (which keeps the batches of steps 3 and 4, sampled ahead), as
+    update 3 starts, or as the sampler starts step 4's batch (during update 1 or 2): the same command ends with
+    the uninterrupted run's metrics, kept trajectories and weights."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=2"]
+    whole = train(tmp_path / "whole", *extra)
+    assert [r["rollout/behaviour_version"] for r in whole] == [0, 0, 0, 1]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    die_after([*ARGS, *extra], cwd=broken, when=when)
+    run_retool(*ARGS, *extra, cwd=broken, check=True)
+    assert comparable(read_jsonl(next(broken.rglob("metrics.jsonl")))) == comparable(whole)
+    assert read_jsonl(next(broken.rglob("rollouts.jsonl"))) == read_jsonl(tmp_path / "whole" / "run" / "rollouts.jsonl")
+    assert same_weights(weights(broken), weights(tmp_path / "whole"))
+
+
+def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint: Path, tmp_path: Path) -> None:
+    """SIGTERM while the sampler waits before step 3's batch (k = 1: during update 2): the run ends step 2,
+    saves it with the batch sampled ahead (save_on_signal), exits 143 saying how to resume, and that command
+    gives the uninterrupted run's metrics and weights."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", "trainer.save_on_signal=true"]
+    extra += [f"trainer.save_every={STEPS}"]  # only the stop saves mid-run
+    whole = train(tmp_path / "whole", *extra)
+    run = tmp_path / "run"
+    args = [*ARGS, *extra, f"hydra.run.dir={run}"]
+    result, _ = signal_when(args, tmp_path, signal.SIGTERM, lambda: len(rows_of(run)) >= 1, pause="rollouts:3")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    logged = [r["step"] for r in rows_of(run)]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [f"step_{logged[-1]}"]
+    run_retool(*resume_line(result, signal.SIGTERM), cwd=tmp_path, check=True)
+    assert comparable(rows_of(run)) == comparable(whole)
+    assert same_weights(weights(run), weights(tmp_path / "whole"))

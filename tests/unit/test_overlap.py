@@ -1,0 +1,121 @@
+"""rl/overlap.py's schedule on its own: which weight version samples each step, whatever the speeds; what a
+checkpoint keeps; errors and a stuck engine reach the trainer instead of a hang. The engine and the batches are
+stand-ins here (what matters is which weights were loaded when); tests/cli/test_overlap.py runs the real
+trainer, engine and sandbox."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from retool_cli.errors import EngineTimeout
+from retool_cli.rl.batch import Batch
+from retool_cli.rl.overlap import Pipeline, behaviour_version
+
+
+class VersionModel(torch.nn.Module):
+    """A policy whose one weight is its version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = torch.nn.Parameter(torch.zeros(()))
+
+
+class RecordingEngine:
+    """Loads weights as an engine does; `loaded` is the version it holds."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.loaded = -1.0
+        self.delay_s = delay_s
+
+    def update_weights(self, policy) -> None:
+        time.sleep(random.uniform(0, self.delay_s))
+        self.loaded = float(policy.state_dict()["version"])
+
+
+def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0)) -> tuple[dict, dict]:
+    """Train `steps` steps against a pipeline whose sampler records the version loaded for each step's batch,
+    with random delays in the sampler and the trainer, from a checkpoint `state` of step `start` if given.
+    Returns ({step: the version it was sampled with}, {step: the checkpoint state after it})."""
+    sample_s, update_s = delays
+    engine, model = RecordingEngine(sample_s), VersionModel()
+    sampled_with: dict[int, float] = {}
+
+    def collect(step: int, cursor: int) -> tuple[Batch, int]:
+        time.sleep(random.uniform(0, sample_s))
+        sampled_with[step] = engine.loaded
+        return Batch({"reward": torch.zeros(1)}, {}, {"step": step}), cursor + 10
+
+    states = {}
+    with torch.no_grad():
+        model.version.fill_(start)
+    cursor, pending = (state["cursor"], state["pending"]) if state else (0, [])
+    with Pipeline(collect, engine, k, start, steps, cursor, pending, 30.0) as pipeline:
+        pipeline.publish(start, model)
+        for step in range(start + 1, steps + 1):
+            batch, cursor, _ = pipeline.take(step)
+            assert batch.meta["step"] == step and cursor == step * 10
+            time.sleep(random.uniform(0, update_s))
+            with torch.no_grad():
+                model.version.fill_(step)  # the update
+            pipeline.publish(step, model)
+            states[step] = pipeline.checkpoint_state(step, cursor)
+    return sampled_with, states
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_each_step_is_sampled_by_its_version_whatever_the_speeds(k: int) -> None:
+    steps = 7
+    want = {s: float(behaviour_version(s, k)) for s in range(1, steps + 1)}
+    for delays in [(0.0, 0.0), (0.02, 0.0), (0.0, 0.02), (0.01, 0.01)]:
+        sampled_with, states = run(k, steps, delays=delays)
+        assert sampled_with == want, delays
+        # a checkpoint of step s keeps the batches of s+1 .. s+k and the cursor after the last of them
+        for s, state in states.items():
+            kept = [batch.meta["step"] for batch, _ in state["pending"]]
+            assert kept == list(range(s + 1, min(s + k, steps) + 1))
+            assert state["cursor"] == 10 * min(s + k, steps)
+
+
+def test_a_resumed_pipeline_hands_over_the_kept_batches_then_samples_with_the_checkpoint_weights() -> None:
+    k, steps = 2, 6
+    _, states = run(k, steps)
+    sampled_with, _ = run(k, steps, start=2, state=states[2])
+    assert sampled_with == {s: float(behaviour_version(s, k)) for s in range(5, steps + 1)}  # 3, 4 kept
+
+
+def test_a_sampler_error_reaches_the_trainer() -> None:
+    def collect(step: int, cursor: int):
+        raise ValueError(f"bad batch {step}")
+
+    with pytest.raises(ValueError, match="bad batch 1"), Pipeline(collect, RecordingEngine(), 1, 0, 3, 0, [], 30) as p:
+        p.publish(0, VersionModel())
+        p.take(1)
+
+
+def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
+    release = threading.Event()
+
+    class StuckEngine(RecordingEngine):
+        def generate(self, *args, **kwargs):
+            release.wait(30)
+            return []
+
+    engine = StuckEngine()
+    pipeline = Pipeline(lambda step, cursor: (engine.generate(), cursor), engine, 1, 0, 3, 0, [], 0.5)
+
+    def collect(step: int, cursor: int):  # through the pipeline's watched engine, as collect's rollouts are
+        pipeline.engine.generate([[1]], [1], [], None)
+        return Batch({}, {}, {}), cursor
+
+    pipeline.collect = collect
+    started = time.monotonic()
+    with pytest.raises(EngineTimeout, match="rollout.engine_timeout_s=0.5"), pipeline:
+        pipeline.publish(0, VersionModel())
+        pipeline.take(1)
+    release.set()
+    assert time.monotonic() - started < 5
