@@ -187,10 +187,9 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 if pipeline is not None:
                     row.update(pipeline.metrics(step, batch))
                 if t.eval_every and step % t.eval_every == 0 and dev_split:
-                    with weights_for(config, model), pipeline.paused() if pipeline else contextlib.nullcontext():
-                        if rank == 0:  # (hf + FSDP2: the weights' gather is a collective); then rank 0 alone
-                            folder = out_dir / "evals" / f"step_{step}"
-                            row.update(dev_eval(config, dev_split[: t.eval_problems], folder, rt))
+                    row.update(
+                        periodic_eval(config, dev_split, out_dir / "evals" / f"step_{step}", rt, model, pipeline)
+                    )
                 metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
                 progress.update(
                     task,
@@ -211,6 +210,17 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     plot_metrics(metrics.rows(), PLOTTED, out_dir / "train.png")
     (out_dir / "final.txt").write_text(f"finished at step {t.total_steps}\n")
     log.info("wrote %s", out_dir)
+
+
+def periodic_eval(
+    config: RetoolConfig, dev_split: list, folder: Path, rt: Runtime, model: Any, pipeline: Pipeline | None
+) -> dict[str, float]:
+    """trainer.eval_every's evaluation of the policy's current weights, by rank 0 (hf + FSDP2: the weights'
+    gather is every process's collective); the sampler thread, if any, held meanwhile (the tools are shared)."""
+    with weights_for(config, model), pipeline.paused() if pipeline else contextlib.nullcontext():
+        if world()[0] > 0:
+            return {}
+        return dev_eval(config, dev_split[: config.trainer.eval_problems], folder, rt)
 
 
 def resume(
