@@ -187,9 +187,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 if pipeline is not None:
                     row.update(pipeline.metrics(step, batch))
                 if t.eval_every and step % t.eval_every == 0 and dev_split:
-                    row.update(
-                        periodic_eval(config, dev_split, out_dir / "evals" / f"step_{step}", rt, model, pipeline)
-                    )
+                    row.update(periodic_eval(config, dev_split, out_dir / "evals" / f"step_{step}", rt, model))
                 metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
                 progress.update(
                     task,
@@ -212,12 +210,11 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     log.info("wrote %s", out_dir)
 
 
-def periodic_eval(
-    config: RetoolConfig, dev_split: list, folder: Path, rt: Runtime, model: Any, pipeline: Pipeline | None
-) -> dict[str, float]:
+def periodic_eval(config: RetoolConfig, dev_split: list, folder: Path, rt: Runtime, model: Any) -> dict[str, float]:
     """trainer.eval_every's evaluation of the policy's current weights, by rank 0 (hf + FSDP2: the weights'
-    gather is every process's collective); the sampler thread, if any, held meanwhile (the tools are shared)."""
-    with weights_for(config, model), pipeline.paused() if pipeline else contextlib.nullcontext():
+    gather is every process's collective). With trainer.max_staleness, the sampler's batches go on meanwhile
+    (the sandbox and the judge serve several threads; the eval samples with the policy itself)."""
+    with weights_for(config, model):
         if world()[0] > 0:
             return {}
         return dev_eval(config, dev_split[: config.trainer.eval_problems], folder, rt)
@@ -281,17 +278,21 @@ def overlapped_sampling(
     if config.trainer.max_staleness == 0:
         yield None
         return
-    engine = build_engine(config, precision, model, rt.tokenizer, own_copy=True)
-    sampler_rt = replace(rt, engine=engine)  # the tools and judge are shared: a periodic eval pauses the sampler
+    t = config.trainer
+    # batches in flight at once, each sampled by its engine's copy of the weights: up to k + 1 (step s may start
+    # once update s - 1 - k is done, while steps s - k .. s - 1 still sample); dynamic sampling: one, since a
+    # batch's data cursor is known only when the batch before it ends
+    slots = 1 if t.dynamic_sampling else t.max_staleness + 1
+    engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
 
-    def sample(step: int, cursor: int) -> tuple[Any, int]:
+    def sample(step: int, cursor: int, engine: Engine) -> tuple[Any, int]:
         pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
         die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
-        return collect(plan, examples, cursor, step, sampler_rt)
+        return collect(plan, examples, cursor, step, replace(rt, engine=engine))  # the tools and judge are shared
 
-    t = config.trainer
+    per_step = None if t.dynamic_sampling else t.questions_per_step
     last, timeout = t.total_steps, config.rollout.engine_timeout_s
-    with Pipeline(sample, engine, t.max_staleness, start, last, cursor, pending, timeout) as pipeline:
+    with Pipeline(sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step) as pipeline:
         pipeline.publish(start, model)
         yield pipeline
 

@@ -31,10 +31,9 @@ trainer.rollout_correction weighs proximal / behaviour (token_tis: AReaL's cappe
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +43,8 @@ from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import Engine, Generation, Sampling
 from retool_cli.rl.batch import Batch
 
-Collect = Callable[[int, int], tuple[Batch, int]]  # (step, data cursor) -> (the step's batch, the cursor after it)
+# (step, data cursor, engine) -> (the step's batch sampled with the engine, the data cursor after it)
+Collect = Callable[[int, int, Engine], tuple[Batch, int]]
 WAIT_POLL_S = 0.5  # how often a waiting trainer looks at the sampler's health
 
 
@@ -107,100 +107,131 @@ class _Sampled:
 
 
 class Pipeline:
-    """The sampler thread and what the trainer asks of it; see the module docstring."""
+    """The sampler's threads and what the trainer asks of them; see the module docstring."""
 
     def __init__(
         self,
         collect: Collect,
-        engine: Engine,
+        engines: list[Engine],
         max_staleness: int,
         start: int,
         last: int,
         cursor: int,
         pending: list[tuple[Batch, int]],
         engine_timeout_s: float,
+        questions_per_step: int | None,
     ) -> None:
-        """`collect` samples a step's batch with `engine`; `start`: the step the policy's weights are at (a
-        resumed checkpoint's, else 0), which the trainer publishes first; `last`: the run's last step;
-        `pending`: the batches of steps start+1 .. that a checkpoint kept, each with the data cursor after it;
-        `cursor`: the data cursor after the last of them (after step `start`'s without them)."""
-        self.collect, self.engine, self.cursor = collect, _WatchedEngine(engine), cursor
+        """`collect` samples a step's batch with one of `engines` (each a copy of the weights: up to that many
+        batches in flight, k + 1 at most); `start`: the step the policy's weights are at (a resumed
+        checkpoint's, else 0), which the trainer publishes first; `last`: the run's last step; `pending`: the
+        batches of steps start+1 .. that a checkpoint kept, each with the data cursor after it; `cursor`: the
+        data cursor after the last of them (after step `start`'s without them); `questions_per_step`: what each
+        batch advances the cursor by, or None when only the batch knows (dynamic sampling: one in flight)."""
+        self.collect, self.engines = collect, [_WatchedEngine(e) for e in engines]
         self.k, self.last, self.engine_timeout_s = max_staleness, last, engine_timeout_s
-        self.lock = threading.Lock()  # held by the sampler while it samples; `paused()` takes it
+        self.cursor, self.per_step = cursor, questions_per_step  # cursor: after the last batch sampled
         self.cond = threading.Condition()  # guards what follows
         self.sampled = {start + 1 + i: _Sampled(batch, cursor, 0.0) for i, (batch, cursor) in enumerate(pending)}
-        self.snapshots: dict[int, WeightSnapshot] = {}  # published versions the sampler has not loaded yet
+        self.snapshots: dict[int, WeightSnapshot] = {}  # published versions a batch still to start needs
+        self.loaded: list[int | None] = [None] * len(engines)  # the version each engine holds
+        self.in_flight: dict[int, int] = {}  # step -> the engine sampling it
         self.error: BaseException | None = None
-        self.waiting_for: int | None = None  # the version the sampler waits for
         self.closing = False
-        self.idle_s = 0.0  # the sampler's time waiting for weights (or with nothing left to sample)
-        self.idle_since: float | None = None
+        self.idle_s = 0.0  # the sampler's time with no batch in flight (waiting for weights, or done)
+        self.idle_since: float | None = time.monotonic()
         self.trainer_wait_s = 0.0  # the trainer's time waiting for batches
         self.last_report = (time.monotonic(), 0.0, 0.0)  # (when, trainer wait, sampler idle) at the last report
         self.first = start + 1 + len(pending)
-        self.thread = threading.Thread(target=self._sample_all, name="retool-sampler", daemon=True)
+        self.thread = threading.Thread(target=self._dispatch, name="retool-sampler", daemon=True)
 
     def __enter__(self) -> Pipeline:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Ending the run (or failing): the sampler stops at its next batch; one in flight is abandoned (the
-        thread is a daemon), as synchronous rollouts are when a step fails."""
+        """Ending the run (or failing): no batch starts any more; those in flight are abandoned (daemon
+        threads), as synchronous rollouts are when a step fails."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
         if exc[0] is None:
             self.thread.join()
 
-    # ------------------------------------------------------------------ the sampler thread
+    # ------------------------------------------------------------------ the sampler's threads
 
-    def _sample_all(self) -> None:
-        loaded, cursor = None, self.cursor
+    def _dispatch(self) -> None:
+        """Start each step's batch, in step order, once its weights are published, an engine is free and
+        (dynamic sampling) the batch before it knows its cursor."""
+        cursor = self.cursor
         try:
             for step in range(self.first, self.last + 1):
                 version = behaviour_version(step, self.k)
-                if loaded != version:
-                    snapshot = self._wait_for_version(version)
-                    if snapshot is None:  # closing
-                        return
-                    self.engine.update_weights(snapshot)
-                    loaded = version
-                elif self.closing:
-                    return
-                started = time.perf_counter()
-                with self.lock:
-                    batch, cursor = self.collect(step, cursor)
+                engine = step % len(self.engines)
                 with self.cond:
-                    self.sampled[step] = _Sampled(batch, cursor, time.perf_counter() - started)
-                    self.cond.notify_all()
+                    while not self.closing and not self._can_start(step, version, engine):
+                        self.cond.wait()
+                    if self.closing:
+                        return
+                    if self.per_step is None:  # the batch before this one has ended (_can_start)
+                        cursor = self.cursor
+                    snapshot = self.snapshots[version]
+                    for old in [v for v in self.snapshots if v < version]:  # no batch to start needs them
+                        del self.snapshots[old]
+                    self.in_flight[step] = engine
+                    self._note_activity()
+                args = (step, cursor, engine, version, snapshot)
+                threading.Thread(target=self._sample, args=args, name=f"retool-sampler-{step}", daemon=True).start()
+                if self.per_step is not None:
+                    cursor += self.per_step
         except BaseException as error:  # handed to the trainer, which raises it
-            with self.cond:
-                self.error = error
-                self.cond.notify_all()
-        finally:
-            with self.cond:
-                self.idle_since = time.monotonic()  # nothing left to sample
+            self._fail(error)
 
-    def _wait_for_version(self, version: int) -> WeightSnapshot | None:
+    def _can_start(self, step: int, version: int, engine: int) -> bool:
+        if version not in self.snapshots or engine in self.in_flight.values():
+            return False
+        return self.per_step is not None or step - 1 not in self.in_flight  # dynamic sampling: one at a time
+
+    def _sample(self, step: int, cursor: int, engine: int, version: int, snapshot: WeightSnapshot) -> None:
+        try:
+            started = time.perf_counter()
+            if self.loaded[engine] != version:
+                self.engines[engine].update_weights(snapshot)
+                self.loaded[engine] = version
+            batch, after = self.collect(step, cursor, self.engines[engine])
+            if self.per_step is not None and after != cursor + self.per_step:
+                raise RuntimeError(
+                    f"step {step}'s batch moved the data cursor by {after - cursor}, not {self.per_step}"
+                )
+            with self.cond:
+                self.sampled[step] = _Sampled(batch, after, time.perf_counter() - started)
+                self.cursor = max(self.cursor, after)  # dynamic sampling: where the next batch starts
+                del self.in_flight[step]
+                self._note_activity()
+                self.cond.notify_all()
+        except BaseException as error:
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
         with self.cond:
-            self.idle_since, self.waiting_for = time.monotonic(), version
-            while version not in self.snapshots and not self.closing:
-                self.cond.wait()
-            self.idle_s += time.monotonic() - self.idle_since
-            self.idle_since = self.waiting_for = None
-            if self.closing:
-                return None
-            for old in [v for v in self.snapshots if v < version]:
-                del self.snapshots[old]
-            return self.snapshots.pop(version)
+            if self.error is None:
+                self.error = error
+            self.cond.notify_all()
+
+    def _note_activity(self) -> None:
+        """Count the sampler's idle time: from when its last batch ends to when the next starts (held: cond)."""
+        now = time.monotonic()
+        if self.in_flight and self.idle_since is not None:
+            self.idle_s += now - self.idle_since
+            self.idle_since = None
+        elif not self.in_flight and self.idle_since is None:
+            self.idle_since = now
 
     # ------------------------------------------------------------------ the trainer's side
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """Weight version `version` (after that many updates) is the policy's now: snapshot it for the sampler
-        when a batch still to sample needs it (every version up to the last step's does, v(s) growing by at
-        most one a step; the sampler drops each once loaded)."""
+        when a batch still to start needs it (every version up to the last step's does: v(s) grows by at most
+        one a step)."""
         if self.first > self.last or version > behaviour_version(self.last, self.k):
             return
         snapshot = WeightSnapshot(model)
@@ -214,6 +245,7 @@ class Pipeline:
         sampled = self._wait_for(step)
         with self.cond:
             del self.sampled[step]
+            self.cond.notify_all()
         self.trainer_wait_s += time.monotonic() - started
         return sampled.batch, sampled.cursor, sampled.seconds
 
@@ -230,36 +262,30 @@ class Pipeline:
             while step not in self.sampled:
                 if self.error is not None:
                     raise self.error
-                if self.waiting_for is not None and self.waiting_for not in self.snapshots:  # would never end
-                    raise RuntimeError(
-                        f"the sampler waits for weights {self.waiting_for}, the trainer for batch {step}"
-                    )
-                self._check_engine()
+                version = behaviour_version(step, self.k)
+                if step not in self.in_flight and version not in self.snapshots:  # would never end
+                    raise RuntimeError(f"batch {step} waits for weights {version}, which only this wait holds up")
+                self._check_engines()
                 self.cond.wait(WAIT_POLL_S)
             return self.sampled[step]
 
-    def _check_engine(self) -> None:
-        since = self.engine.busy_since
-        if self.engine_timeout_s > 0 and since is not None and time.monotonic() - since > self.engine_timeout_s:
-            raise EngineTimeout(
-                f"the sampler's engine call did not return within rollout.engine_timeout_s="
-                f"{self.engine_timeout_s:g} s: the engine is stuck or far slower than expected. Stopping; rerun the "
-                "same command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
-            )
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The sampler held between batches (a periodic eval uses the tools meanwhile)."""
-        with self.lock:
-            yield
+    def _check_engines(self) -> None:
+        now = time.monotonic()
+        for engine in self.engines:
+            since = engine.busy_since
+            if self.engine_timeout_s > 0 and since is not None and now - since > self.engine_timeout_s:
+                raise EngineTimeout(
+                    f"a sampler's engine call did not return within rollout.engine_timeout_s="
+                    f"{self.engine_timeout_s:g} s: the engine is stuck or far slower than expected. Stopping; rerun "
+                    "the same command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
+                )
 
     def metrics(self, step: int, batch: Batch) -> dict[str, float]:
         """Step `step`'s staleness metrics, and since the last call the shares of wall time the trainer waited
-        for batches and the sampler waited for weights (or had nothing left to sample)."""
-        with self.cond:
-            ongoing = time.monotonic() - self.idle_since if self.idle_since is not None else 0.0
-            idle = self.idle_s + ongoing
-        now = time.monotonic()
+        for batches and the sampler had no batch in flight."""
+        with self.cond:  # one clock reading for the idle time and the wall time
+            now = time.monotonic()
+            idle = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
         when, waited, idled = self.last_report
         self.last_report = (now, self.trainer_wait_s, idle)
         wall = max(now - when, 1e-9)

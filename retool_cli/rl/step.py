@@ -168,8 +168,8 @@ def group_ids(trajectories: list[Trajectory]) -> torch.Tensor:
 
 
 def step_metrics(batch: Batch, timings: dict[str, Any], device: torch.device | None = None) -> dict[str, Any]:
-    """What a step logs: reward components, rollout metrics, accuracy, code use, phase times, and on CUDA the
-    peak GPU memory so far."""
+    """What a step logs: reward components, rollout metrics, accuracy, code use, phase times and the shares of
+    them the trainer and the sampler idle, and on CUDA the peak GPU memory so far."""
     trajectories, scores = batch.objects["trajectory"], batch.objects["score"]
     n = max(1, len(trajectories))
     out = {**reward_metrics(scores), **batch.meta["metrics"]}
@@ -179,6 +179,10 @@ def step_metrics(batch: Batch, timings: dict[str, Any], device: torch.device | N
     )
     out["train/used_code"] = sum(len(x.tool_calls) > 0 for x in trajectories) / n
     out.update({f"time/{k}": v for k, v in timings.items()})
+    if timings.get("rollout_s") and timings.get("update_s"):  # in turns, each side idles while the other works
+        busy = timings["rollout_s"] + timings["update_s"]  # (overlapped: rl/overlap.py measures them instead)
+        out["time/trainer_idle_share"] = timings["rollout_s"] / busy
+        out["time/sampler_idle_share"] = timings["update_s"] / busy
     if device is not None and device.type == "cuda":
         out["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out

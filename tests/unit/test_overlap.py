@@ -37,24 +37,29 @@ class RecordingEngine:
         self.loaded = float(policy.state_dict()["version"])
 
 
-def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0)) -> tuple[dict, dict]:
-    """Train `steps` steps against a pipeline whose sampler records the version loaded for each step's batch,
-    with random delays in the sampler and the trainer, from a checkpoint `state` of step `start` if given.
-    Returns ({step: the version it was sampled with}, {step: the checkpoint state after it})."""
+def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0), dynamic: bool = False) -> tuple[dict, dict]:
+    """Train `steps` steps against a pipeline whose sampler records the version its engine held for each
+    step's batch, with random delays in the sampler and the trainer, from a checkpoint `state` of step `start`
+    if given; `dynamic`: each batch's cursor known only at its end (one batch in flight). Returns ({step: the
+    version it was sampled with}, {step: the checkpoint state after it})."""
     sample_s, update_s = delays
-    engine, model = RecordingEngine(sample_s), VersionModel()
+    engines, model = [RecordingEngine(sample_s) for _ in range(1 if dynamic else k + 1)], VersionModel()
     sampled_with: dict[int, float] = {}
+    in_flight, most = set(), [0]
 
-    def collect(step: int, cursor: int) -> tuple[Batch, int]:
+    def collect(step: int, cursor: int, engine) -> tuple[Batch, int]:
+        in_flight.add(step)
+        most[0] = max(most[0], len(in_flight))
         time.sleep(random.uniform(0, sample_s))
-        sampled_with[step] = engine.loaded
+        sampled_with[step] = engine.engine.loaded
+        in_flight.discard(step)
         return Batch({"reward": torch.zeros(1)}, {}, {"step": step}), cursor + 10
 
     states = {}
     with torch.no_grad():
         model.version.fill_(start)
     cursor, pending = (state["cursor"], state["pending"]) if state else (0, [])
-    with Pipeline(collect, engine, k, start, steps, cursor, pending, 30.0) as pipeline:
+    with Pipeline(collect, engines, k, start, steps, cursor, pending, 30.0, None if dynamic else 10) as pipeline:
         pipeline.publish(start, model)
         for step in range(start + 1, steps + 1):
             batch, cursor, _ = pipeline.take(step)
@@ -64,21 +69,41 @@ def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0)) -> tu
                 model.version.fill_(step)  # the update
             pipeline.publish(step, model)
             states[step] = pipeline.checkpoint_state(step, cursor)
+    assert most[0] <= len(engines)
     return sampled_with, states
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["k+1 in flight", "one in flight"])
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_each_step_is_sampled_by_its_version_whatever_the_speeds(k: int) -> None:
+def test_each_step_is_sampled_by_its_version_whatever_the_speeds(k: int, dynamic: bool) -> None:
     steps = 7
     want = {s: float(behaviour_version(s, k)) for s in range(1, steps + 1)}
     for delays in [(0.0, 0.0), (0.02, 0.0), (0.0, 0.02), (0.01, 0.01)]:
-        sampled_with, states = run(k, steps, delays=delays)
+        sampled_with, states = run(k, steps, delays=delays, dynamic=dynamic)
         assert sampled_with == want, delays
         # a checkpoint of step s keeps the batches of s+1 .. s+k and the cursor after the last of them
         for s, state in states.items():
             kept = [batch.meta["step"] for batch, _ in state["pending"]]
             assert kept == list(range(s + 1, min(s + k, steps) + 1))
             assert state["cursor"] == 10 * min(s + k, steps)
+
+
+def test_batches_overlap_when_their_weights_allow() -> None:
+    """k = 2: steps 1-3 are all sampled by the initial weights, so all three sample at once."""
+    k, started, gate = 2, [], threading.Event()
+
+    def collect(step: int, cursor: int, engine) -> tuple[Batch, int]:
+        started.append(step)
+        if len(started) == 3:
+            gate.set()
+        assert gate.wait(10), f"only {started} started"
+        return Batch({}, {}, {"step": step}), cursor + 1
+
+    engines = [RecordingEngine() for _ in range(k + 1)]
+    with Pipeline(collect, engines, k, 0, 3, 0, [], 30.0, 1) as pipeline:
+        pipeline.publish(0, VersionModel())
+        assert [pipeline.take(s)[0].meta["step"] for s in (1, 2, 3)] == [1, 2, 3]
+    assert sorted(started) == [1, 2, 3]
 
 
 def test_a_resumed_pipeline_hands_over_the_kept_batches_then_samples_with_the_checkpoint_weights() -> None:
@@ -89,10 +114,11 @@ def test_a_resumed_pipeline_hands_over_the_kept_batches_then_samples_with_the_ch
 
 
 def test_a_sampler_error_reaches_the_trainer() -> None:
-    def collect(step: int, cursor: int):
+    def collect(step: int, cursor: int, engine):
         raise ValueError(f"bad batch {step}")
 
-    with pytest.raises(ValueError, match="bad batch 1"), Pipeline(collect, RecordingEngine(), 1, 0, 3, 0, [], 30) as p:
+    engines = [RecordingEngine(), RecordingEngine()]
+    with pytest.raises(ValueError, match="bad batch 1"), Pipeline(collect, engines, 1, 0, 3, 0, [], 30, 1) as p:
         p.publish(0, VersionModel())
         p.take(1)
 
@@ -105,14 +131,11 @@ def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
             release.wait(30)
             return []
 
-    engine = StuckEngine()
-    pipeline = Pipeline(lambda step, cursor: (engine.generate(), cursor), engine, 1, 0, 3, 0, [], 0.5)
+    def collect(step: int, cursor: int, engine):  # through the pipeline's watched engine, as collect's rollouts are
+        engine.generate([[1]], [1], [], None)
+        return Batch({}, {}, {}), cursor + 1
 
-    def collect(step: int, cursor: int):  # through the pipeline's watched engine, as collect's rollouts are
-        pipeline.engine.generate([[1]], [1], [], None)
-        return Batch({}, {}, {}), cursor
-
-    pipeline.collect = collect
+    pipeline = Pipeline(collect, [StuckEngine()], 1, 0, 3, 0, [], 0.5, 1)
     started = time.monotonic()
     with pytest.raises(EngineTimeout, match="rollout.engine_timeout_s=0.5"), pipeline:
         pipeline.publish(0, VersionModel())

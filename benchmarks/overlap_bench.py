@@ -1,0 +1,135 @@
+"""Overlapped training (trainer.max_staleness=1, rl/overlap.py) against the synchronous trainer (0), side by
+side: the real `retool train` loop, in a fresh process per run, on the same checkpoint, questions and seeds,
+the two runs alternating within each repeat (a ratio per repeat).
+
+    python benchmarks/overlap_bench.py [--checkpoint outputs/smoke/sft] [--repeats 3] [--steps 6]
+
+Two workloads, as benchmarks/rollout_bench.py's `--loops` draws them: the smoke training step (its SFT
+checkpoint, 4 questions x 8, the real sandbox), and a long tail: a policy that calls the interpreter --calls
+times (rollout_bench's multi-call SFT, built once), --questions questions x 8, a Pareto latency added to every
+interpreter call (rollout_bench.LongTail: drawn from a hash of the code, so both runs meet the same latencies
+for the same calls). Reported per run: wall seconds per step over steps 2.. (step 1 cannot overlap), the
+trainer's and the sampler's idle shares, and k=1 / k=0 per repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from results import add_json_out, paired_ratios, spread, write
+from rollout_bench import LongTail, multi_call_checkpoint, smoke_config
+
+
+def one_run(spec: dict) -> dict:
+    """One `retool train` run in this process (spec: checkpoint, overrides, tail latency or None, steps):
+    the wall time at each logged step and the run's idle shares."""
+    import retool_cli.commands.train as command
+    from retool_cli.run_keys import config_key
+
+    config = command.from_checkpoint(
+        smoke_config("hf", [f"trainer.init_from={spec['checkpoint']}", *spec["overrides"]])
+    )
+    logged: list[float] = []
+    rows: list[dict] = []
+    write_row = command.MetricsLog.write
+
+    def timed_write(self, row, *args, **kwargs):
+        logged.append(time.perf_counter())
+        rows.append(row)
+        return write_row(self, row, *args, **kwargs)
+
+    open_runtime = command.open_runtime
+
+    @contextlib.contextmanager
+    def with_tail(*args, **kwargs):
+        with open_runtime(*args, **kwargs) as rt:
+            tail = spec["tail"]
+            yield replace(rt, tools=[LongTail(t, *tail) for t in rt.tools]) if tail else rt
+
+    command.MetricsLog.write, command.open_runtime = timed_write, with_tail
+    with tempfile.TemporaryDirectory() as run_dir:
+        command.train(config, Path(run_dir), config_key(config), 0, 1)
+    per_step = [b - a for a, b in itertools.pairwise(logged)]  # steps 2..: what overlap can change
+    shares = {
+        k: statistics.mean(r[f"time/{k}"] for r in rows[1:]) for k in ("trainer_idle_share", "sampler_idle_share")
+    }
+    return {"s_per_step": statistics.mean(per_step), **shares, "rows": len(rows)}
+
+
+def run_isolated(spec: dict) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--_run", json.dumps(spec)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    args = arguments()
+    from retool_cli.checkpoint_paths import latest_checkpoint
+
+    smoke = latest_checkpoint(args.checkpoint)
+    if smoke is None:
+        sys.exit(f"{args.checkpoint} has no checkpoint: run `make smoke` first (its SFT checkpoint is the default)")
+    multi = latest_checkpoint(multi_call_checkpoint(args.calls, args.multi_call_dir))
+    steps = [f"trainer.total_steps={args.steps}", f"trainer.save_every={args.steps}", "trainer.resume=false"]
+    budgets = [f"rollout.max_code_calls={args.calls}", f"rollout.max_turns={args.calls + 1}"]
+    workloads = {
+        "smoke": (smoke, steps, None),
+        "long_tail": (multi, [*steps, *budgets, f"trainer.questions_per_step={args.questions}"], args.tail),
+    }
+    quantities: dict = {}
+    ratios: dict = {}
+    for name, (checkpoint, overrides, tail) in workloads.items():
+        runs: dict[int, list[dict]] = {0: [], 1: []}
+        for r in range(args.repeats):
+            for k in (0, 1) if r % 2 == 0 else (1, 0):
+                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, f"trainer.max_staleness={k}"]}
+                runs[k].append(run_isolated({**spec, "tail": tail}))
+                print(f"{name} repeat {r} k={k}: {runs[k][-1]['s_per_step']:.2f} s/step", flush=True)
+        for k, got in runs.items():
+            quantities[f"{name}/k{k}_s_per_step"] = spread([g["s_per_step"] for g in got])
+            for share in ("trainer_idle_share", "sampler_idle_share"):
+                quantities[f"{name}/k{k}_{share}"] = spread([g[share] for g in got])
+        ratios[f"{name}/s_per_step_k1_over_k0"] = paired_ratios(
+            [g["s_per_step"] for g in runs[1]], [g["s_per_step"] for g in runs[0]]
+        )
+        r = ratios[f"{name}/s_per_step_k1_over_k0"]
+        print(f"{name}: k=1 / k=0 wall per step {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, n={r['n']})")
+    write(args.json_out, "overlap", quantities, ratios, {"peer": "the synchronous trainer (max_staleness=0)"})
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, default=Path("outputs/smoke/sft"), help="the smoke SFT run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (step 1 is not timed)")
+    parser.add_argument("--questions", type=int, default=8, help="questions per long-tail step")
+    parser.add_argument("--calls", type=int, default=3, help="interpreter calls of the long-tail policy")
+    parser.add_argument(
+        "--tail", type=float, nargs=3, default=[0.05, 1.0, 5.0], help="Pareto latency: scale (s), alpha, cap (s)"
+    )
+    parser.add_argument(
+        "--multi-call-dir", type=Path, default=Path("outputs/bench_multi_call_sft"), help="the long-tail policy"
+    )
+    add_json_out(parser)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--_run":
+        print(json.dumps(one_run(json.loads(sys.argv[2]))))
+    else:
+        main()
