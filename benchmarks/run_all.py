@@ -75,6 +75,13 @@ BENCHMARKS = [
         ["--loops", "--engine", "vllm", "--repeats", "1", "--questions", "2"],
         ["smoke_sft", "vllm"],
     ),
+    Benchmark(
+        "overlap",
+        "overlap_bench.py",
+        ["--repeats", "3"],
+        ["--repeats", "1", "--steps", "2", "--questions", "2", "--tail", "0.01", "1", "0.1"],
+        ["smoke_sft"],
+    ),
     Benchmark("train", "train_bench.py", [], ["--rounds", "1", "--steps", "3"], ["bench_dir"], peer="trl"),
     Benchmark("sft", "sft_bench.py", [], ["--rounds", "1", "--steps", "4", "--problems", "400"], peer="trl"),
     Benchmark("report", "report_bench.py", [], ["--problems", "10", "--samples", "4"], ["browser"]),
@@ -114,7 +121,7 @@ def missing(need: str, checkpoint: Path) -> str | None:
 def command(bench: Benchmark, quick: bool, trl_python: str | None, checkpoint: Path, json_out: Path) -> list[str]:
     """The benchmark's command line, and a note per peer left out."""
     args = list(bench.quick if quick else bench.args)
-    if "--loops" in args:
+    if "smoke_sft" in bench.needs:  # the rollout loops, overlapped training
         # the quick run uses the given checkpoint as the long-tail policy too, rather than train one (2 min)
         args += ["--checkpoint", str(checkpoint)] + (["--multi-call-dir", str(checkpoint)] if quick else [])
     if bench.peer == "trl" and trl_python and not quick:

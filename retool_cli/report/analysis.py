@@ -9,7 +9,7 @@ from typing import Any
 from retool_cli.eval.over_seeds import group_rows, label_of, run_row
 from retool_cli.report.svg import PALETTE, Series
 
-# (metrics.jsonl key, chart title); "time/*" is summed into the step time
+# (metrics.jsonl key, chart title); "time" is the step's wall time (see metric_value)
 CURVES = [
     ("reward/mean", "reward"),
     ("train/accuracy", "accuracy (training rollouts)"),
@@ -19,6 +19,9 @@ CURVES = [
     ("train/void_rate", "void trajectories (infrastructure failures, left out of the loss)"),
     ("train/mismatch_kl_k3", "sampler-trainer gap (k3 KL, model tokens)"),
     ("rollout/code_cache_hit_rate", "interpreter calls answered from the cache"),
+    ("rollout/staleness_mean", "staleness (weight versions behind the trainer, mean over tokens)"),
+    ("time/trainer_idle_share", "trainer idle (share of the step's wall time)"),
+    ("time/sampler_idle_share", "sampler idle (share of the step's wall time)"),
     ("kl", "KL"),
     ("time", "step time (s)"),
     ("eval/accuracy", "dev accuracy (periodic eval)"),
@@ -36,11 +39,14 @@ def setting_of(run: dict[str, Any]) -> str:
 
 def metric_value(row: dict[str, Any], key: str) -> float | None:
     """A curve's value in one metrics row: "kl" is the KL to the reference where the run has one, else the
-    policy's approximate KL to the sampling policy; "time" sums the step's phase times."""
+    policy's approximate KL to the sampling policy; "time" is the step's wall time where the run measured it
+    (overlapped training: its phases run at once), else the sum of its phase times (`time/*_s`)."""
     if key == "kl":
         key = "train/kl_ref" if "train/kl_ref" in row else "train/approx_kl"
     if key == "time":
-        times = [v for k, v in row.items() if k.startswith("time/")]
+        if "time/step_wall_s" in row:
+            return float(row["time/step_wall_s"])
+        times = [v for k, v in row.items() if k.startswith("time/") and k.endswith("_s")]
         return sum(times) if times else None
     value = row.get(key)
     return float(value) if isinstance(value, (int, float)) else None

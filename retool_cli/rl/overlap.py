@@ -293,6 +293,7 @@ class Pipeline:
             **staleness_metrics(step, self.k, batch),
             "time/trainer_idle_share": (self.trainer_wait_s - waited) / wall,
             "time/sampler_idle_share": (idle - idled) / wall,
+            "time/step_wall_s": wall,  # since the last step's metrics (rollout_s and update_s overlap)
         }
 
 
