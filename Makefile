@@ -40,9 +40,10 @@ smoke-controls: $(VENV)/.installed
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_text --out $(SMOKE)/controls/text
 
 # Overlapped training beside the smoke run, from its SFT checkpoint (run `make smoke` first): RL that samples one
-# update ahead (trainer.max_staleness=1, the decoupled loss's capped importance weight: token_tis) and its
-# shuffled-reward control, each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
-OVERLAP = trainer.max_staleness=1 trainer.rollout_correction=token_tis
+# update ahead with partial rollouts (trainer.max_staleness=1, rollout.partial: a trajectory's later turns sampled
+# by the next weights; the decoupled loss's capped importance weight: token_tis) and its shuffled-reward control,
+# each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
+OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis
 smoke-overlap: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap

@@ -250,6 +250,16 @@ class RolloutConfig:
         "samples the same trajectories: a request's seed follows from (seed, step, question, sample, turn)",
     )
     overlap_sandbox: bool = doc(True, "rollout.loop=turns: run half the batch's code while the other half generates")
+    partial: bool = doc(
+        False,
+        "partial rollouts, with trainer.max_staleness >= 1 (train): a trajectory samples its first "
+        "rollout.partial_turns turns with its batch's weights (version v(s) = s - 1 - k) and continues under the "
+        "next version (at most the trainer's own) once it is published; a tool call in flight finishes first. "
+        "Which version samples which turn is fixed by the config; each token records its version "
+        "(rollout/staleness_*, rollout/partial_share). Fresher tokens for long trajectories, for a wait: a batch's "
+        "later turns start only after that update (README, Overlapped training)",
+    )
+    partial_turns: int = doc(1, "rollout.partial: the turns each trajectory samples with its batch's own weights")
     trajectory_timeout_s: float = doc(
         1800.0,
         "a trajectory still running this long after its batch started stops (stop reason `deadline`) and is "
@@ -306,6 +316,7 @@ class RolloutConfig:
             "max_turns",
             "max_tool_result_tokens",
             "error_tail_lines",
+            "partial_turns",
         ):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         per_turn = self.max_tokens_per_turn
@@ -943,7 +954,22 @@ class RetoolConfig:
     def _check_overlap(self) -> None:
         """What overlapped training (trainer.max_staleness > 0, rl/overlap.py) runs with so far."""
         t = self.trainer
-        if self.command != "train" or t.max_staleness == 0:
+        if self.command != "train":
+            return
+        if self.rollout.partial:
+            _check(
+                t.max_staleness >= 1,
+                "rollout.partial",
+                "partial rollouts continue a trajectory under newer weights than its batch's: they need "
+                "trainer.max_staleness >= 1 (with 0 every batch is sampled by the newest weights already)",
+            )
+            _check(
+                self.rollout.loop is not RolloutLoop["async"],  # auto: turns with the hf engine (checked below)
+                "rollout.loop",
+                f"{self.rollout.loop.value}: partial rollouts (rollout.partial) switch weights between turns, which "
+                "the turns loop keeps aligned across a batch; use rollout.loop=turns (or auto with the hf engine)",
+            )
+        if t.max_staleness == 0:
             return
         unsupported = [
             (self.rollout.engine is not RolloutEngine.hf, f"rollout.engine={self.rollout.engine.value}"),

@@ -8,7 +8,7 @@ import copy
 import logging
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -285,14 +285,17 @@ def overlapped_sampling(
     slots = 1 if t.dynamic_sampling else t.max_staleness + 1
     engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
 
-    def sample(step: int, cursor: int, engine: Engine) -> tuple[Any, int]:
+    def sample(step: int, cursor: int, engine: Engine, weights_for_turn: Callable[[int], int]) -> tuple[Any, int]:
         pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
         die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
-        return collect(plan, examples, cursor, step, replace(rt, engine=engine))  # the tools and judge are shared
+        # the tools and judge are shared
+        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_turn)
 
     per_step = None if t.dynamic_sampling else t.questions_per_step
     last, timeout = t.total_steps, config.rollout.engine_timeout_s
-    with Pipeline(sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step) as pipeline:
+    partial_turns = config.rollout.partial_turns if config.rollout.partial else None
+    args = (sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step, partial_turns)
+    with Pipeline(*args) as pipeline:
         pipeline.publish(start, model)
         yield pipeline
 

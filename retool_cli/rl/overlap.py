@@ -23,6 +23,17 @@ first and samples step c+k+1 with version c, the checkpoint's own weights, as th
 signal ends the run at a step's end, after the batches in flight (stops.py's grace bounds it; a kill resumes
 from the last checkpoint as exactly).
 
+Partial rollouts (rollout.partial, turn-aligned): a trajectory samples its first `partial_turns` turns with
+version v(s) and the rest with
+
+    the tail version  t(s) = min(v(s) + 1, s - 1)
+
+loaded into the batch's engine between rounds, once published (a tool call in flight finishes first: the switch
+happens at a turn boundary, and every trajectory of a round is at the same turn). Which version samples which
+token is again a function of the step and the turn, never of timing; each token records its version
+(Trajectory.response_versions) beside the sampler's log-prob. The tails are fresher (lag k - 1), and wait for
+update s - k: with k = 1 that is the update just before their step, so the trainer waits for them.
+
 The loss on stale tokens is decoupled PPO (Hilton et al. 2022, arXiv 2110.00641; AReaL, Fu et al. 2025, arXiv
 2505.24298): the behaviour policy is the sampler's log-prob per token (kept with each trajectory), the proximal
 policy the trainer's weights before the update (rl/update.py: `old`), the clipped ratio current / proximal, and
@@ -33,6 +44,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +55,24 @@ from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import Engine, Generation, Sampling
 from retool_cli.rl.batch import Batch
 
-# (step, data cursor, engine) -> (the step's batch sampled with the engine, the data cursor after it)
-Collect = Callable[[int, int, Engine], tuple[Batch, int]]
+# (step, data cursor, engine, weights_for_turn) -> (the step's batch sampled with the engine, the data cursor after
+# it); weights_for_turn(turn) readies the engine's weights for a turn and returns their version (run_rollouts)
+Collect = Callable[[int, int, Engine, Callable[[int], int]], tuple[Batch, int]]
 WAIT_POLL_S = 0.5  # how often a waiting trainer looks at the sampler's health
 
 
 def behaviour_version(step: int, max_staleness: int) -> int:
     """The weight version (updates done) that samples step `step`'s batch."""
     return max(0, step - 1 - max_staleness)
+
+
+def turn_version(step: int, max_staleness: int, turn: int, partial_turns: int | None) -> int:
+    """The weight version that samples turn `turn` (0 = the first) of step `step`'s trajectories: the batch's
+    own, or with partial rollouts from turn `partial_turns` on the next one, at most the trainer's (s - 1)."""
+    version = behaviour_version(step, max_staleness)
+    if partial_turns is None or turn < partial_turns:
+        return version
+    return min(version + 1, step - 1)
 
 
 class WeightSnapshot:
@@ -120,27 +142,33 @@ class Pipeline:
         pending: list[tuple[Batch, int]],
         engine_timeout_s: float,
         questions_per_step: int | None,
+        partial_turns: int | None = None,
     ) -> None:
         """`collect` samples a step's batch with one of `engines` (each a copy of the weights: up to that many
         batches in flight, k + 1 at most); `start`: the step the policy's weights are at (a resumed
         checkpoint's, else 0), which the trainer publishes first; `last`: the run's last step; `pending`: the
         batches of steps start+1 .. that a checkpoint kept, each with the data cursor after it; `cursor`: the
         data cursor after the last of them (after step `start`'s without them); `questions_per_step`: what each
-        batch advances the cursor by, or None when only the batch knows (dynamic sampling: one in flight)."""
+        batch advances the cursor by, or None when only the batch knows (dynamic sampling: one in flight);
+        `partial_turns`: rollout.partial_turns with partial rollouts, else None."""
         self.collect, self.engines = collect, [_WatchedEngine(e) for e in engines]
         self.k, self.last, self.engine_timeout_s = max_staleness, last, engine_timeout_s
+        self.partial_turns = partial_turns
+        self.newest_needed = self.tail_version(last)  # the last version to publish
         self.cursor, self.per_step = cursor, questions_per_step  # cursor: after the last batch sampled
         self.cond = threading.Condition()  # guards what follows
         self.sampled = {start + 1 + i: _Sampled(batch, cursor, 0.0) for i, (batch, cursor) in enumerate(pending)}
         self.snapshots: dict[int, WeightSnapshot] = {}  # published versions a batch still to start needs
         self.loaded: list[int | None] = [None] * len(engines)  # the version each engine holds
+        self.published = -1  # the newest version published
         self.in_flight: dict[int, int] = {}  # step -> the engine sampling it
         self.error: BaseException | None = None
         self.closing = False
         self.idle_s = 0.0  # the sampler's time with no batch in flight (waiting for weights, or done)
         self.idle_since: float | None = time.monotonic()
         self.trainer_wait_s = 0.0  # the trainer's time waiting for batches
-        self.last_report = (time.monotonic(), 0.0, 0.0)  # (when, trainer wait, sampler idle) at the last report
+        self.weights_wait_s = 0.0  # batches' time waiting for their tail version (partial rollouts)
+        self.last_report = (time.monotonic(), 0.0, 0.0, 0.0)  # (when, trainer wait, sampler idle, weights wait)
         self.first = start + 1 + len(pending)
         self.thread = threading.Thread(target=self._dispatch, name="retool-sampler", daemon=True)
 
@@ -159,6 +187,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------ the sampler's threads
 
+    def tail_version(self, step: int) -> int:
+        """The newest weights that sample step `step`'s batch (its own version, without partial rollouts)."""
+        return turn_version(step, self.k, self.partial_turns or 0, self.partial_turns)
+
     def _dispatch(self) -> None:
         """Start each step's batch, in step order, once its weights are published, an engine is free and
         (dynamic sampling) the batch before it knows its cursor."""
@@ -175,7 +207,9 @@ class Pipeline:
                     if self.per_step is None:  # the batch before this one has ended (_can_start)
                         cursor = self.cursor
                     snapshot = self.snapshots[version]
-                    for old in [v for v in self.snapshots if v < version]:  # no batch to start needs them
+                    # no batch to start needs older versions, nor does a batch in flight (its tail version)
+                    tails = [self.tail_version(s) for s in self.in_flight]
+                    for old in [v for v in self.snapshots if v < min([version, *tails])]:
                         del self.snapshots[old]
                     self.in_flight[step] = engine
                     self._note_activity()
@@ -194,10 +228,16 @@ class Pipeline:
     def _sample(self, step: int, cursor: int, engine: int, version: int, snapshot: WeightSnapshot) -> None:
         try:
             started = time.perf_counter()
-            if self.loaded[engine] != version:
-                self.engines[engine].update_weights(snapshot)
-                self.loaded[engine] = version
-            batch, after = self.collect(step, cursor, self.engines[engine])
+
+            def weights_for_turn(turn: int) -> int:
+                want = turn_version(step, self.k, turn, self.partial_turns)
+                if self.loaded[engine] != want:
+                    self.engines[engine].update_weights(snapshot if want == version else self._published(want))
+                    self.loaded[engine] = want
+                return want
+
+            weights_for_turn(0)
+            batch, after = self.collect(step, cursor, self.engines[engine], weights_for_turn)
             if self.per_step is not None and after != cursor + self.per_step:
                 raise RuntimeError(
                     f"step {step}'s batch moved the data cursor by {after - cursor}, not {self.per_step}"
@@ -210,6 +250,19 @@ class Pipeline:
                 self.cond.notify_all()
         except BaseException as error:
             self._fail(error)
+
+    def _published(self, version: int) -> WeightSnapshot:
+        """Weight version `version`, once published (a batch's tail version, which a later update makes)."""
+        started = time.monotonic()
+        with self.cond:
+            while version not in self.snapshots:
+                if self.closing:  # the run ends: this batch is abandoned
+                    raise RuntimeError(f"the run ended while a batch waited for weights {version}")
+                if version <= self.published:  # dropped before this batch took it: it would wait forever
+                    raise RuntimeError(f"weights {version} were dropped before a batch in flight took them")
+                self.cond.wait()
+            self.weights_wait_s += time.monotonic() - started
+            return self.snapshots[version]
 
     def _fail(self, error: BaseException) -> None:
         with self.cond:
@@ -232,11 +285,12 @@ class Pipeline:
         """Weight version `version` (after that many updates) is the policy's now: snapshot it for the sampler
         when a batch still to start needs it (every version up to the last step's does: v(s) grows by at most
         one a step)."""
-        if self.first > self.last or version > behaviour_version(self.last, self.k):
+        if self.first > self.last or version > self.newest_needed:
             return
         snapshot = WeightSnapshot(model)
         with self.cond:
             self.snapshots[version] = snapshot
+            self.published = version
             self.cond.notify_all()
 
     def take(self, step: int) -> tuple[Batch, int, float]:
@@ -286,29 +340,36 @@ class Pipeline:
         with self.cond:  # one clock reading for the idle time and the wall time
             now = time.monotonic()
             idle = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
-        when, waited, idled = self.last_report
-        self.last_report = (now, self.trainer_wait_s, idle)
+            weights_wait = self.weights_wait_s
+        when, waited, idled, weights_waited = self.last_report
+        self.last_report = (now, self.trainer_wait_s, idle, weights_wait)
         wall = max(now - when, 1e-9)
         return {
             **staleness_metrics(step, self.k, batch),
             "time/trainer_idle_share": (self.trainer_wait_s - waited) / wall,
             "time/sampler_idle_share": (idle - idled) / wall,
+            "time/sampler_weights_wait_s": weights_wait - weights_waited,  # batches waiting for tail versions
             "time/step_wall_s": wall,  # since the last step's metrics (rollout_s and update_s overlap)
         }
 
 
 def staleness_metrics(step: int, max_staleness: int, batch: Batch) -> dict[str, float]:
-    """How far behind the trainer the step's tokens were sampled: the lag in versions (mean and max over the
-    sampled tokens; the same for all of a step's tokens while every trajectory is sampled by one version), the
-    behaviour version, the share of trajectories sampled across versions, and tokens per lag."""
-    version = behaviour_version(step, max_staleness)
-    lag = step - 1 - version
-    tokens = sum(sum(x.response_mask) for x in batch.objects["trajectory"])
+    """How far behind the trainer (version step - 1) the step's tokens were sampled, from the version each
+    sampled token records: the lag in versions (mean and max over tokens), the batch's own version, the share
+    of trajectories sampled by more than one version (partial rollouts), and tokens per lag."""
+    lags: Counter[int] = Counter()  # lag -> sampled tokens
+    partial = 0
+    trajectories = batch.objects["trajectory"]
+    for x in trajectories:
+        versions = [v for v, sampled in zip(x.response_versions, x.response_mask, strict=True) if sampled]
+        partial += len(set(versions)) > 1
+        lags.update(step - 1 - v for v in versions)
+    tokens = max(1, sum(lags.values()))
     metrics = {
-        "rollout/staleness_mean": float(lag),
-        "rollout/staleness_max": float(lag),
-        "rollout/behaviour_version": float(version),
-        "rollout/partial_share": 0.0,
+        "rollout/staleness_mean": sum(lag * n for lag, n in lags.items()) / tokens,
+        "rollout/staleness_max": float(max(lags, default=0)),
+        "rollout/behaviour_version": float(behaviour_version(step, max_staleness)),
+        "rollout/partial_share": partial / max(1, len(trajectories)),
     }
-    metrics.update({f"rollout/tokens_lag_{j}": float(tokens if j == lag else 0) for j in range(max_staleness + 1)})
+    metrics.update({f"rollout/tokens_lag_{j}": float(lags[j]) for j in range(max_staleness + 1)})
     return metrics

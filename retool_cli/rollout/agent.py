@@ -20,6 +20,10 @@ never re-encoded. Nothing hangs: a trajectory past rollout.trajectory_timeout_s 
 engine call has rollout.engine_timeout_s (rollout/watchdog.py). A trajectory the infrastructure failed (a
 sandbox worker died, the engine dropped its request, its deadline) is marked void (`infra`): the trainer leaves
 it out of the loss and of its group's statistics rather than score it as a wrong answer.
+
+Overlapped training's partial rollouts (rl/overlap.py) pass `weights_for_turn`: before each round the loop asks
+it for the weights of that turn (it may load newer ones into the engine, between turns, never within one) and
+records the version with every token the turn samples (Trajectory.response_versions).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import contextlib
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -73,6 +77,9 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)  # everything after the prompt, tool output included
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = tool output
     response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
+    # the weight version that sampled each response token (-1 for tool output); empty unless the caller gives
+    # versions (overlapped training: run_rollouts' weights_for_turn)
+    response_versions: list[int] = field(default_factory=list)
     turns: int = 0  # generation segments
     tool_calls: list[ToolCall] = field(default_factory=list)  # the well-formed calls, in order
     tool_outputs: list[ToolOutput] = field(default_factory=list)  # what each returned (tool_calls[i]'s)
@@ -173,10 +180,13 @@ def run_rollouts(
     max_context_tokens: int,
     group_size: int | None = None,
     sampling: Sampling | None = None,
+    weights_for_turn: Callable[[int], int] | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Sample `group_size` trajectories per example (grouped: example 0's samples first), calling `tools` (the
     protocol's calls name them; none with protocol=none), scheduled as rollout.loop says. Returns the
-    trajectories and the batch's rollout metrics."""
+    trajectories and the batch's rollout metrics. `weights_for_turn(turn)` (rollout.loop=turns only): called
+    before each round with its turn index (0 = the first), readies the engine's weights for it and returns their
+    version, which each sampled token records."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
     trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
@@ -190,9 +200,12 @@ def run_rollouts(
         occurrence[ex.id] += 1
     by_trajectory = dict(zip(map(id, trajectories), questions, strict=True))
     loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory)
+    loop.weights_for_turn = weights_for_turn
     for tool in tools:
         tool.reset()
     if loop_of(cfg) == "async":
+        if weights_for_turn is not None:
+            raise ValueError("weights_for_turn needs rollout.loop=turns, whose rounds keep a batch's turns aligned")
         with _open_stream(engine, protocol.stop_strings, base) as stream:
             _run_async(loop, trajectories, stream)
     else:
@@ -346,6 +359,7 @@ class _Loop:
         self.deadline = time.monotonic() + cfg.trajectory_timeout_s if cfg.trajectory_timeout_s > 0 else None
         self.generate_s = self.wait_tools_s = 0.0
         self.sampled_tokens = self.prompt_tokens = self.cached_tokens = 0
+        self.weights_for_turn: Callable[[int], int] | None = None  # see run_rollouts
 
     def seed_of(self, t: Trajectory) -> int:
         """The seed of the trajectory's next turn."""
@@ -368,6 +382,7 @@ class _Loop:
 
     def generate_round(self, running: list[Trajectory]) -> list[_ToolJob]:
         """rollout.loop=turns: one engine call for `running` (trajectories in batch order); their tool calls."""
+        version = self.ready_weights(running)
         budgets = [self.budget(t) for t in running]
         seeds = [self.seed_of(t) for t in running]
         started = time.perf_counter()
@@ -377,17 +392,34 @@ class _Loop:
                 [t.token_ids for t in running], budgets, self.protocol.stop_strings, self.sampling, seeds
             )
         self.generate_s += time.perf_counter() - started
-        jobs = [self.finish_turn(t, gen) for t, gen in zip(running, generations, strict=True)]
+        jobs = [self.finish_turn(t, gen, version) for t, gen in zip(running, generations, strict=True)]
         return [job for job in jobs if job is not None]
 
-    def finish_turn(self, t: Trajectory, gen: Generation) -> _ToolJob | None:
-        """Append a generated turn; the tool call it makes (None when the trajectory stops here)."""
+    def ready_weights(self, running: list[Trajectory]) -> int:
+        """The weight version of this round's turn, readied by `weights_for_turn` (-1: versions not tracked).
+        Waiting for newer weights is not the trajectories' time: their deadline moves by the wait."""
+        if self.weights_for_turn is None:
+            return -1
+        turn = running[0].turns
+        if any(t.turns != turn for t in running):  # a cohort starts together and advances a turn a round
+            raise RuntimeError(f"a round mixes turns {sorted({t.turns for t in running})}: versions would be ambiguous")
+        started = time.monotonic()
+        version = self.weights_for_turn(turn)
+        if self.deadline is not None:
+            self.deadline += time.monotonic() - started
+        return version
+
+    def finish_turn(self, t: Trajectory, gen: Generation, version: int = -1) -> _ToolJob | None:
+        """Append a generated turn (sampled by weight version `version`, -1: not tracked); the tool call it makes
+        (None when the trajectory stops here)."""
         self.sampled_tokens += len(gen.token_ids)
         self.prompt_tokens += len(t.token_ids)
         self.cached_tokens += gen.cached_tokens
         t.response_ids += gen.token_ids
         t.response_mask += [1] * len(gen.token_ids)
         t.response_logprobs += gen.logprobs
+        if version >= 0:
+            t.response_versions += [version] * len(gen.token_ids)
         t.turns += 1
         turn_text = self.tokenizer.decode(gen.token_ids)
         t.segments.append(("model", turn_text))
@@ -444,6 +476,8 @@ class _Loop:
                 t.response_ids += ids
                 t.response_mask += [0] * len(ids)
                 t.response_logprobs += [0.0] * len(ids)
+                if self.weights_for_turn is not None:
+                    t.response_versions += [-1] * len(ids)
                 t.segments.append(("tool", self.tokenizer.decode(ids)))
 
     def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:

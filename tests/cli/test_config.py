@@ -169,6 +169,9 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["trainer.max_staleness=1", "rollout=vllm"], "trainer.max_staleness: 1 (overlapped training)"),
         (["trainer.max_staleness=2", "trainer.nproc=2"], "not with trainer.nproc=2 x trainer.nnodes=1"),
         (["trainer.max_staleness=1", "model.lora_rank=4"], "not with model.lora_rank=4"),
+        (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),
+        (["rollout.partial=true", "trainer.max_staleness=1", "rollout.loop=async"], "rollout.loop: async: partial"),
+        (["rollout.partial_turns=0"], "rollout.partial_turns: must be >= 1"),
     ],
 )
 def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:

@@ -88,12 +88,48 @@ def test_stale_sampling_is_fixed_by_the_config_not_by_speed(sft_checkpoint: Path
     assert all(r["train/mismatch_kl_k3"] > 1e-4 for r in steady[1:])
 
 
-@pytest.mark.parametrize("when", ["step:2", "update:3", "sampling:4"])
-def test_overlapped_training_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path, when: str) -> None:
+def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_speeds(
+    sft_checkpoint: Path, tmp_path: Path
+) -> None:
+    """k = 1 with partial rollouts, twice, once with random delays everywhere: the same metrics, kept
+    trajectories and weights; from step 2 on, the turns after a trajectory's first were sampled by the
+    trainer's own weights (lag 0) and its first turn one version behind, so a step's lag is a mix of both."""
+    partial = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", "rollout.partial=true"]
+    partial += ["rollout.max_tokens_per_turn=24"]  # turns short enough that trajectories take several
+    steady = train(tmp_path / "steady", *partial)
+    shaken = train(tmp_path / "shaken", *partial, env=JITTER)
+    assert comparable(shaken) == comparable(steady)
+    assert read_jsonl(tmp_path / "shaken" / "run" / "rollouts.jsonl") == read_jsonl(
+        tmp_path / "steady" / "run" / "rollouts.jsonl"
+    )
+    assert same_weights(weights(tmp_path / "shaken"), weights(tmp_path / "steady"))
+    assert [r["rollout/behaviour_version"] for r in steady] == [0, 0, 1, 2]
+    mixed = [r for r in steady[1:] if r["rollout/partial_share"] > 0]
+    assert mixed, [r["rollout/partial_share"] for r in steady]
+    for r in mixed:  # both versions sampled tokens; the mean lag between them
+        assert r["rollout/tokens_lag_0"] > 0 and r["rollout/tokens_lag_1"] > 0
+        assert 0 < r["rollout/staleness_mean"] < 1 and r["rollout/staleness_max"] == 1
+    assert steady[0]["rollout/staleness_max"] == 0  # step 1: version 0 is the trainer's own
+
+    whole = train(tmp_path / "whole", *partial[:-2], "rollout.max_tokens_per_turn=24")
+    assert comparable(whole)[0] == comparable(steady)[0]  # step 1 cannot be partial: one version exists
+    assert [r["rollout/partial_share"] for r in whole] == [0, 0, 0, 0]
+    assert all(r["rollout/staleness_mean"] == r["rollout/staleness_max"] for r in whole)
+
+
+@pytest.mark.parametrize(
+    ("when", "partial"),
+    [("step:2", False), ("update:3", False), ("sampling:4", False), ("update:3", True)],
+    ids=["step:2", "update:3", "sampling:4", "update:3-partial"],
+)
+def test_overlapped_training_resumes_exactly_after_sigkill(
+    sft_checkpoint: Path, tmp_path: Path, when: str, partial: bool
+) -> None:
     """k = 2, killed after step 2's checkpoint (which keeps the batches of steps 3 and 4, sampled ahead), as
-    update 3 starts, or as the sampler starts step 4's batch (during update 1 or 2): the same command ends with
-    the uninterrupted run's metrics, kept trajectories and weights."""
+    update 3 starts, or as the sampler starts step 4's batch (during update 1 or 2); with partial rollouts
+    too: the same command ends with the uninterrupted run's metrics, kept trajectories and weights."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=2"]
+    extra += ["rollout.partial=true", "rollout.max_tokens_per_turn=24"] if partial else []
     whole = train(tmp_path / "whole", *extra)
     assert [r["rollout/behaviour_version"] for r in whole] == [0, 0, 0, 1]
     broken = tmp_path / "broken"

@@ -14,7 +14,8 @@ import torch
 
 from retool_cli.errors import EngineTimeout
 from retool_cli.rl.batch import Batch
-from retool_cli.rl.overlap import Pipeline, behaviour_version
+from retool_cli.rl.overlap import Pipeline, behaviour_version, staleness_metrics, turn_version
+from retool_cli.rollout.agent import Trajectory
 
 
 class VersionModel(torch.nn.Module):
@@ -37,21 +38,38 @@ class RecordingEngine:
         self.loaded = float(policy.state_dict()["version"])
 
 
-def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0), dynamic: bool = False) -> tuple[dict, dict]:
-    """Train `steps` steps against a pipeline whose sampler records the version its engine held for each
-    step's batch, with random delays in the sampler and the trainer, from a checkpoint `state` of step `start`
-    if given; `dynamic`: each batch's cursor known only at its end (one batch in flight). Returns ({step: the
-    version it was sampled with}, {step: the checkpoint state after it})."""
+TURNS = 3  # turns of each stand-in batch
+
+
+def run(
+    k: int,
+    steps: int,
+    start: int = 0,
+    state=None,
+    delays=(0.0, 0.0),
+    dynamic: bool = False,
+    partial_turns: int | None = None,
+) -> tuple[dict, dict]:
+    """Train `steps` steps against a pipeline whose sampler records the version its engine held for each turn
+    of each step's batch (TURNS turns), with random delays in the sampler and the trainer, from a checkpoint
+    `state` of step `start` if given; `dynamic`: each batch's cursor known only at its end (one batch in
+    flight); `partial_turns`: partial rollouts. Returns ({step: the version of each turn}, {step: the
+    checkpoint state after it})."""
     sample_s, update_s = delays
     engines, model = [RecordingEngine(sample_s) for _ in range(1 if dynamic else k + 1)], VersionModel()
-    sampled_with: dict[int, float] = {}
+    sampled_with: dict[int, list[float]] = {}
     in_flight, most = set(), [0]
 
-    def collect(step: int, cursor: int, engine) -> tuple[Batch, int]:
+    def collect(step: int, cursor: int, engine, weights_for_turn) -> tuple[Batch, int]:
         in_flight.add(step)
         most[0] = max(most[0], len(in_flight))
-        time.sleep(random.uniform(0, sample_s))
-        sampled_with[step] = engine.engine.loaded
+        versions = []
+        for turn in range(TURNS):
+            version = weights_for_turn(turn)
+            assert engine.engine.loaded == version
+            time.sleep(random.uniform(0, sample_s / TURNS))
+            versions.append(engine.engine.loaded)
+        sampled_with[step] = versions
         in_flight.discard(step)
         return Batch({"reward": torch.zeros(1)}, {}, {"step": step}), cursor + 10
 
@@ -59,7 +77,8 @@ def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0), dynam
     with torch.no_grad():
         model.version.fill_(start)
     cursor, pending = (state["cursor"], state["pending"]) if state else (0, [])
-    with Pipeline(collect, engines, k, start, steps, cursor, pending, 30.0, None if dynamic else 10) as pipeline:
+    per_step = None if dynamic else 10
+    with Pipeline(collect, engines, k, start, steps, cursor, pending, 30.0, per_step, partial_turns) as pipeline:
         pipeline.publish(start, model)
         for step in range(start + 1, steps + 1):
             batch, cursor, _ = pipeline.take(step)
@@ -73,13 +92,25 @@ def run(k: int, steps: int, start: int = 0, state=None, delays=(0.0, 0.0), dynam
     return sampled_with, states
 
 
+def test_the_versions_of_a_batch_and_of_its_partial_turns() -> None:
+    assert [behaviour_version(s, 1) for s in range(1, 6)] == [0, 0, 1, 2, 3]
+    assert [behaviour_version(s, 2) for s in range(1, 6)] == [0, 0, 0, 1, 2]
+    # partial rollouts: turns from partial_turns on take the next version, never newer than the trainer's (s - 1)
+    assert [turn_version(s, 1, 1, 1) for s in range(1, 6)] == [0, 1, 2, 3, 4]
+    assert [turn_version(s, 2, 1, 1) for s in range(1, 6)] == [0, 1, 1, 2, 3]
+    assert [turn_version(s, 2, 0, 1) for s in range(1, 6)] == [0, 0, 0, 1, 2]
+    assert [turn_version(4, 2, t, 2) for t in range(4)] == [1, 1, 2, 2]
+    assert [turn_version(4, 2, t, None) for t in range(4)] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("partial_turns", [None, 1, 2], ids=["whole", "partial after 1", "partial after 2"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["k+1 in flight", "one in flight"])
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_each_step_is_sampled_by_its_version_whatever_the_speeds(k: int, dynamic: bool) -> None:
+def test_each_step_is_sampled_by_its_version_whatever_the_speeds(k: int, dynamic: bool, partial_turns) -> None:
     steps = 7
-    want = {s: float(behaviour_version(s, k)) for s in range(1, steps + 1)}
+    want = {s: [float(turn_version(s, k, t, partial_turns)) for t in range(TURNS)] for s in range(1, steps + 1)}
     for delays in [(0.0, 0.0), (0.02, 0.0), (0.0, 0.02), (0.01, 0.01)]:
-        sampled_with, states = run(k, steps, delays=delays, dynamic=dynamic)
+        sampled_with, states = run(k, steps, delays=delays, dynamic=dynamic, partial_turns=partial_turns)
         assert sampled_with == want, delays
         # a checkpoint of step s keeps the batches of s+1 .. s+k and the cursor after the last of them
         for s, state in states.items():
@@ -92,7 +123,7 @@ def test_batches_overlap_when_their_weights_allow() -> None:
     """k = 2: steps 1-3 are all sampled by the initial weights, so all three sample at once."""
     k, started, gate = 2, [], threading.Event()
 
-    def collect(step: int, cursor: int, engine) -> tuple[Batch, int]:
+    def collect(step: int, cursor: int, engine, weights_for_turn) -> tuple[Batch, int]:
         started.append(step)
         if len(started) == 3:
             gate.set()
@@ -110,11 +141,14 @@ def test_a_resumed_pipeline_hands_over_the_kept_batches_then_samples_with_the_ch
     k, steps = 2, 6
     _, states = run(k, steps)
     sampled_with, _ = run(k, steps, start=2, state=states[2])
-    assert sampled_with == {s: float(behaviour_version(s, k)) for s in range(5, steps + 1)}  # 3, 4 kept
+    assert sampled_with == {s: [float(behaviour_version(s, k))] * TURNS for s in range(5, steps + 1)}  # 3, 4 kept
+    _, states = run(k, steps, partial_turns=1)
+    sampled_with, _ = run(k, steps, start=2, state=states[2], partial_turns=1)
+    assert sampled_with == {s: [float(turn_version(s, k, t, 1)) for t in range(TURNS)] for s in range(5, steps + 1)}
 
 
 def test_a_sampler_error_reaches_the_trainer() -> None:
-    def collect(step: int, cursor: int, engine):
+    def collect(step: int, cursor: int, engine, weights_for_turn):
         raise ValueError(f"bad batch {step}")
 
     engines = [RecordingEngine(), RecordingEngine()]
@@ -131,7 +165,7 @@ def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
             release.wait(30)
             return []
 
-    def collect(step: int, cursor: int, engine):  # through the pipeline's watched engine, as collect's rollouts are
+    def collect(step: int, cursor: int, engine, weights_for_turn):  # through the pipeline's watched engine, as collect's rollouts are
         engine.generate([[1]], [1], [], None)
         return Batch({}, {}, {}), cursor + 1
 
@@ -142,3 +176,20 @@ def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
         pipeline.take(1)
     release.set()
     assert time.monotonic() - started < 5
+
+
+def test_staleness_is_counted_over_the_sampled_tokens_of_each_version() -> None:
+    """Step 5 (trainer at version 4), k = 2: a trajectory of version 2 throughout, one whose second turn
+    version 3 sampled (a tool result between, not counted), one with no tokens."""
+
+    def trajectory(versions: list[int]) -> Trajectory:
+        return Trajectory(None, 0, [1], response_versions=versions, response_mask=[int(v >= 0) for v in versions])
+
+    whole, partial, empty = trajectory([2, 2, 2]), trajectory([2, 2, -1, -1, 3, 3, 3]), trajectory([])
+    metrics = staleness_metrics(5, 2, Batch({}, {"trajectory": [whole, partial, empty]}, {}))
+    assert metrics["rollout/tokens_lag_2"] == 5 and metrics["rollout/tokens_lag_1"] == 3
+    assert metrics["rollout/tokens_lag_0"] == 0
+    assert metrics["rollout/staleness_mean"] == pytest.approx((5 * 2 + 3 * 1) / 8)
+    assert metrics["rollout/staleness_max"] == 2
+    assert metrics["rollout/partial_share"] == pytest.approx(1 / 3)
+    assert metrics["rollout/behaviour_version"] == 2
