@@ -1,6 +1,7 @@
-"""Overlapped training (trainer.max_staleness=1, rl/overlap.py) against the synchronous trainer (0), side by
-side: the real `retool train` loop, in a fresh process per run, on the same checkpoint, questions and seeds,
-the two runs alternating within each repeat (a ratio per repeat).
+"""Overlapped training (trainer.max_staleness=1, rl/overlap.py), without and with partial rollouts
+(rollout.partial), against the synchronous trainer (0), side by side: the real `retool train` loop, in a fresh
+process per run, on the same checkpoint, questions and seeds, the three runs in a rotating order within each
+repeat (a ratio per repeat).
 
     python benchmarks/overlap_bench.py [--checkpoint outputs/smoke/sft] [--repeats 3] [--steps 6]
 
@@ -9,7 +10,7 @@ checkpoint, 4 questions x 8, the real sandbox), and a long tail: a policy that c
 times (rollout_bench's multi-call SFT, built once), --questions questions x 8, a Pareto latency added to every
 interpreter call (rollout_bench.LongTail: drawn from a hash of the code, so both runs meet the same latencies
 for the same calls). Reported per run: wall seconds per step over steps 2.. (step 1 cannot overlap), the
-trainer's and the sampler's idle shares, and k=1 / k=0 per repeat.
+trainer's and the sampler's idle shares, and k=1 / k=0 (k1, k1_partial) per repeat.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def one_run(spec: dict) -> dict:
     return {"s_per_step": statistics.mean(per_step), **shares, "rows": len(rows)}
 
 
+ARMS = {  # the runs compared, by the overrides that make them
+    "k0": ["trainer.max_staleness=0"],
+    "k1": ["trainer.max_staleness=1"],
+    "k1_partial": ["trainer.max_staleness=1", "rollout.partial=true"],
+}
+
+
 def run_isolated(spec: dict) -> dict:
     proc = subprocess.run(
         [sys.executable, __file__, "--_run", json.dumps(spec)], capture_output=True, text=True, check=False
@@ -93,21 +101,21 @@ def main() -> None:
     quantities: dict = {}
     ratios: dict = {}
     for name, (checkpoint, overrides, tail) in workloads.items():
-        runs: dict[int, list[dict]] = {0: [], 1: []}
+        runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
         for r in range(args.repeats):
-            for k in (0, 1) if r % 2 == 0 else (1, 0):
-                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, f"trainer.max_staleness={k}"]}
-                runs[k].append(run_isolated({**spec, "tail": tail}))
-                print(f"{name} repeat {r} k={k}: {runs[k][-1]['s_per_step']:.2f} s/step", flush=True)
-        for k, got in runs.items():
-            quantities[f"{name}/k{k}_s_per_step"] = spread([g["s_per_step"] for g in got])
+            for arm in [*ARMS][r % len(ARMS) :] + [*ARMS][: r % len(ARMS)]:  # each arm first in turn
+                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, *ARMS[arm]], "tail": tail}
+                runs[arm].append(run_isolated(spec))
+                print(f"{name} repeat {r} {arm}: {runs[arm][-1]['s_per_step']:.2f} s/step", flush=True)
+        for arm, got in runs.items():
+            quantities[f"{name}/{arm}_s_per_step"] = spread([g["s_per_step"] for g in got])
             for share in ("trainer_idle_share", "sampler_idle_share"):
-                quantities[f"{name}/k{k}_{share}"] = spread([g[share] for g in got])
-        ratios[f"{name}/s_per_step_k1_over_k0"] = paired_ratios(
-            [g["s_per_step"] for g in runs[1]], [g["s_per_step"] for g in runs[0]]
-        )
-        r = ratios[f"{name}/s_per_step_k1_over_k0"]
-        print(f"{name}: k=1 / k=0 wall per step {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, n={r['n']})")
+                quantities[f"{name}/{arm}_{share}"] = spread([g[share] for g in got])
+        for arm in ("k1", "k1_partial"):
+            r = ratios[f"{name}/s_per_step_{arm}_over_k0"] = paired_ratios(
+                [g["s_per_step"] for g in runs[arm]], [g["s_per_step"] for g in runs["k0"]]
+            )
+            print(f"{name}: {arm} / k0 wall per step {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, n={r['n']})")
     write(args.json_out, "overlap", quantities, ratios, {"peer": "the synchronous trainer (max_staleness=0)"})
 
 

@@ -20,6 +20,7 @@ CURVES = [
     ("train/mismatch_kl_k3", "sampler-trainer gap (k3 KL, model tokens)"),
     ("rollout/code_cache_hit_rate", "interpreter calls answered from the cache"),
     ("rollout/staleness_mean", "staleness (weight versions behind the trainer, mean over tokens)"),
+    ("rollout/partial_share", "partial rollouts (trajectories sampled by two weight versions)"),
     ("time/trainer_idle_share", "trainer idle (share of the step's wall time)"),
     ("time/sampler_idle_share", "sampler idle (share of the step's wall time)"),
     ("kl", "KL"),

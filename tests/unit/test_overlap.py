@@ -165,7 +165,8 @@ def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
             release.wait(30)
             return []
 
-    def collect(step: int, cursor: int, engine, weights_for_turn):  # through the pipeline's watched engine, as collect's rollouts are
+    # through the pipeline's watched engine, as collect's rollouts are
+    def collect(step: int, cursor: int, engine, weights_for_turn):
         engine.generate([[1]], [1], [], None)
         return Batch({}, {}, {}), cursor + 1
 
