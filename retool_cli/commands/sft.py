@@ -24,7 +24,7 @@ from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.model.precision import resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, save_checkpoint
-from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches
+from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches, sft_positions
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import run_folder
@@ -75,13 +75,20 @@ def warn_of_tiny_defaults(config: RetoolConfig) -> None:
         )
 
 
-def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int, bf16_autocast: bool) -> float:
-    """Backpropagate the batch's negative log-likelihood of the model's tokens, in micro-batches; its value."""
+def batch_loss(
+    config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int, bf16_autocast: bool
+) -> tuple[float, int, int]:
+    """Backpropagate the batch's negative log-likelihood of the model's tokens, in micro-batches; its value,
+    and the positions the passes computed and the real tokens among them."""
     device = next(model.parameters()).device
     tokens = sum(sum(t.response_mask) for t in batch)
-    loss_sum = 0.0
+    loss_sum, positions, real = 0.0, 0, 0
     for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
         chosen = [batch[i] for i in group]
+        computed, counted = sft_positions(
+            model, [t.input_ids for t in chosen], [len(t.prompt_ids) for t in chosen], config.model.accelerate
+        )
+        positions, real = positions + computed, real + counted
         logp = counted_token_logprobs(
             model,
             [t.input_ids for t in chosen],
@@ -95,7 +102,7 @@ def batch_loss(config: RetoolConfig, model: Any, batch: list[Trace], pad_id: int
         loss = -logp.sum() / tokens  # the mean over the whole batch's model tokens
         loss.backward()
         loss_sum += loss.item()
-    return loss_sum
+    return loss_sum, positions, real
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
@@ -129,15 +136,21 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     with stops.deferred():  # a stop signal ends the run at the end of a step (SFT steps are short)
         for step in range(start + 1, cfg.steps + 1):
             batch = rng.sample(traces, min(cfg.batch_size, len(traces)))
-            loss = batch_loss(config, model, batch, tokenizer.pad_token_id, precision.bf16_autocast)
+            step_started = time.perf_counter()
+            loss, positions, real = batch_loss(config, model, batch, tokenizer.pad_token_id, precision.bf16_autocast)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
             optimizer.step()
             lr = scheduler.get_last_lr()[0]  # this step's rate (the scheduler then moves to the next step's)
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                elapsed = time.perf_counter() - started
-                metrics.write({"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed})
+                now = time.perf_counter()
+                elapsed = now - started
+                row = {"step": step, "loss": loss, "grad_norm": float(grad_norm), "lr": lr, "seconds": elapsed}
+                # this step's share of computed positions that were padding, and its real tokens per second
+                row["train/padding_share"] = 1 - real / positions if positions else 0.0
+                row["time/train_tokens_per_s"] = real / (now - step_started)
+                metrics.write(row)
                 log.info("step %d/%d loss %.4f lr %.2e (%.0f s)", step, cfg.steps, loss, lr, elapsed)
             pause_if_due("step", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=step:N)
             stop = stops.requested()

@@ -23,6 +23,8 @@ CURVES = [
     ("rollout/partial_share", "partial rollouts (trajectories sampled by two weight versions)"),
     ("time/trainer_idle_share", "trainer idle (share of the step's wall time)"),
     ("time/sampler_idle_share", "sampler idle (share of the step's wall time)"),
+    ("train/padding_share", "padding (share of the positions the loss passes computed)"),
+    ("time/train_tokens_per_s", "training throughput (real tokens per second of the update)"),
     ("kl", "KL"),
     ("time", "step time (s)"),
     ("eval/accuracy", "dev accuracy (periodic eval)"),
@@ -47,7 +49,7 @@ def metric_value(row: dict[str, Any], key: str) -> float | None:
     if key == "time":
         if "time/step_wall_s" in row:
             return float(row["time/step_wall_s"])
-        times = [v for k, v in row.items() if k.startswith("time/") and k.endswith("_s")]
+        times = [v for k, v in row.items() if k.startswith("time/") and k.endswith("_s") and not k.endswith("_per_s")]
         return sum(times) if times else None
     value = row.get(key)
     return float(value) if isinstance(value, (int, float)) else None

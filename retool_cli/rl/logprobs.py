@@ -26,6 +26,31 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return groups
 
 
+def rl_positions(
+    model: Any, sequences: list[list[int]], prompt_lens: list[int], shared_prefix: bool
+) -> tuple[int, int]:
+    """(positions computed, real tokens among them) of `sequence_logprobs` on one micro-batch: B x L right-padded,
+    or with each GRPO prompt once (prefix_sharing: U prompts x their longest, B responses x the longest)."""
+    if shared_prefix and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
+        prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}
+        responses = [len(s) - n for s, n in zip(sequences, prompt_lens, strict=True)]
+        computed = len(prompts) * max(map(len, prompts)) + len(responses) * max(responses)
+        return computed, sum(map(len, prompts)) + sum(responses)
+    return len(sequences) * max(map(len, sequences)), sum(map(len, sequences))
+
+
+def sft_positions(
+    model: Any, sequences: list[list[int]], loss_starts: list[int], shared_prefix: bool
+) -> tuple[int, int]:
+    """(positions computed, real tokens among them) of `counted_token_logprobs` on one micro-batch: B x L
+    right-padded, or the batch's common prefix once and the rest right-padded (prefix_sharing)."""
+    if shared_prefix and prefix_sharing.usable(model):
+        shared = _common_prefix_length(sequences, limit=min(loss_starts))
+        rest = [len(s) - shared for s in sequences]
+        return shared + len(rest) * max(rest), shared + sum(rest)
+    return len(sequences) * max(map(len, sequences)), sum(map(len, sequences))
+
+
 def pad_right(seqs: list[list[int]], value: int, device: torch.device) -> torch.Tensor:
     width = max(len(s) for s in seqs)
     out = torch.full((len(seqs), width), value, dtype=torch.long)

@@ -11,6 +11,7 @@ of `Samples`, filled in `prepare`; nothing else changes.
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from retool_cli.rl.distributed import (
     grad_norm,
     is_sharded,
 )
-from retool_cli.rl.logprobs import micro_batches, response_mask_matrix, sequence_logprobs
+from retool_cli.rl.logprobs import micro_batches, response_mask_matrix, rl_positions, sequence_logprobs
 from retool_cli.rl.step import StepPlan, group_ids, valid_samples
 from retool_cli.rollout.agent import Trajectory
 
@@ -109,6 +110,9 @@ class UpdateStats:
     entropy_sum: float = 0.0  # over this process's model tokens
     entropy_tokens: float = 0.0
     mismatch: dict[str, float] = field(default_factory=dict)  # sums over the model tokens (the first epoch's)
+    positions: int = 0  # positions the loss passes computed (padding included), forward and backward
+    real_tokens: int = 0  # of those, real tokens
+    seconds: float = 0.0  # the optimizer loop's wall time
 
 
 def update(
@@ -174,6 +178,7 @@ def optimize(
     accumulated over token-budget micro-batches."""
     t = plan.trainer
     stats = UpdateStats()
+    started = time.perf_counter()
     for epoch in range(t.epochs_per_batch):
         for mini in _split(samples, t.mini_batches):
             # With several processes each holds its share of the batch: the loss is normalised by the tokens
@@ -192,7 +197,16 @@ def optimize(
                     )
                     (logp.sum() * 0.0).backward()
                     continue
-                loss, loss_stats, sums = _micro_loss(plan, forward, model, mini.index(group), tokens, mini_size)
+                micro = mini.index(group)
+                computed, real = rl_positions(
+                    model,
+                    [x.token_ids for x in micro.trajectories],
+                    [len(x.prompt_ids) for x in micro.trajectories],
+                    forward.shared_prefix,
+                )
+                stats.positions += computed
+                stats.real_tokens += real
+                loss, loss_stats, sums = _micro_loss(plan, forward, model, micro, tokens, mini_size)
                 if epoch == 0:
                     _add_mismatch(stats.mismatch, sums.pop("mismatch"))
                 loss.backward()
@@ -209,6 +223,7 @@ def optimize(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats.losses.append(total)
+    stats.seconds = time.perf_counter() - started
     return stats
 
 
@@ -232,6 +247,9 @@ def report(prepared: PreparedBatch, stats: UpdateStats, lr: float) -> dict[str, 
     out.update(_mismatch_metrics(stats.mismatch))
     out["train/advantage_abs"] = float(prepared.advantages.abs().mean())
     out["train/lr"] = lr
+    # what padding costs: the share of computed positions that were padding; real tokens per second of the loop
+    out["train/padding_share"] = 1 - stats.real_tokens / stats.positions if stats.positions else 0.0
+    out["time/train_tokens_per_s"] = stats.real_tokens / stats.seconds if stats.seconds > 0 else 0.0
     return out
 
 

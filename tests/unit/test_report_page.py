@@ -123,6 +123,7 @@ def test_seeds_of_one_sweep_are_one_setting_with_a_mean_line() -> None:
     assert metric_value(runs[0]["metrics"][0], "time") == 3.0
     shares = {"time/trainer_idle_share": 0.5, "time/sampler_idle_share": 0.25}  # shares are not seconds
     assert metric_value({**runs[0]["metrics"][0], **shares}, "time") == 3.0
+    assert metric_value({**runs[0]["metrics"][0], "time/train_tokens_per_s": 900.0}, "time") == 3.0  # a rate
     overlapped = {"time/rollout_s": 2.0, "time/update_s": 1.0, "time/step_wall_s": 2.2}  # phases at once
     assert metric_value(overlapped, "time") == 2.2
     assert metric_value({"train/approx_kl": 0.1}, "kl") == 0.1 and metric_value({"train/kl_ref": 0.2}, "kl") == 0.2

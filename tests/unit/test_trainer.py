@@ -234,3 +234,23 @@ def test_shared_prefix_pass_with_lora_and_not_with_checkpointing() -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     model.gradient_checkpointing_enable()
     assert not prefix_sharing.usable(model)
+
+
+def test_padding_share_counts_what_each_pass_computes() -> None:
+    """rl_positions and sft_positions: the positions the plain pass (B x longest) and the shared-prefix passes
+    compute, and the real tokens among them (a prompt computed once counts once)."""
+    from retool_cli.rl.logprobs import rl_positions, sft_positions
+    from tests.unit.test_hf_engine import tiny_model
+
+    model = tiny_model("llama")
+    prompt_a, prompt_b = [1, 2, 3], [4, 5]
+    sequences = [[*prompt_a, 7, 7, 7, 7], [*prompt_a, 7], [*prompt_b, 8, 8]]  # lengths 7, 4, 4
+    prompt_lens = [3, 3, 2]
+    assert rl_positions(model, sequences, prompt_lens, shared_prefix=False) == (3 * 7, 15)
+    # prompts once (2 x 3, left-padded), responses right-padded (3 x 4)
+    assert rl_positions(model, sequences, prompt_lens, shared_prefix=True) == (2 * 3 + 3 * 4, 5 + 7)
+    # no prompt repeats: the plain pass
+    assert rl_positions(model, sequences[1:], prompt_lens[1:], shared_prefix=True) == (2 * 4, 8)
+    # SFT: the batch's common prefix (tokens 1, 2, 3 of the first two) once, the rest right-padded
+    assert sft_positions(model, sequences[:2], [3, 3], shared_prefix=True) == (3 + 2 * 4, 3 + 5)
+    assert sft_positions(model, sequences[:2], [3, 3], shared_prefix=False) == (2 * 7, 11)
