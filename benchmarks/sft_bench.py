@@ -134,9 +134,10 @@ def ours(work: Path, steps: int, accelerate: bool) -> dict:
     rng, times, losses = random.Random(0), [], []
     for _ in range(steps):
         started = time.perf_counter()
-        losses.append(
-            batch_loss(config, model, rng.sample(traces, config.sft.batch_size), pad_id, precision.bf16_autocast)
+        loss, _, _ = batch_loss(
+            config, model, rng.sample(traces, config.sft.batch_size), pad_id, precision.bf16_autocast
         )
+        losses.append(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.trainer.grad_clip)
         optimizer.step()
         scheduler.step()
