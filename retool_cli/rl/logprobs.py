@@ -31,7 +31,7 @@ def rl_positions(
 ) -> tuple[int, int]:
     """(positions computed, real tokens among them) of `sequence_logprobs` on one micro-batch: B x L right-padded,
     or with each GRPO prompt once (prefix_sharing: U prompts x their longest, B responses x the longest)."""
-    if shared_prefix and prefix_sharing.usable(model) and _repeats_a_prompt(sequences, prompt_lens):
+    if _shares_prompts(model, sequences, prompt_lens, shared_prefix):
         prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}
         responses = [len(s) - n for s, n in zip(sequences, prompt_lens, strict=True)]
         computed = len(prompts) * max(map(len, prompts)) + len(responses) * max(responses)
@@ -78,12 +78,7 @@ def sequence_logprobs(
     are filled (0 elsewhere)."""
     ids = pad_right(sequences, pad_id, device)  # (B, L)
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
-    if (
-        shared_prefix
-        and prompt_lens is not None
-        and prefix_sharing.usable(model)
-        and _repeats_a_prompt(sequences, prompt_lens)
-    ):
+    if prompt_lens is not None and _shares_prompts(model, sequences, prompt_lens, shared_prefix):
         logp, entropy_per_token = _grouped_logprobs(
             model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
         )
@@ -94,7 +89,11 @@ def sequence_logprobs(
     return logp, attention[:, 1:], entropy_per_token
 
 
-def _repeats_a_prompt(sequences: list[list[int]], prompt_lens: list[int]) -> bool:
+def _shares_prompts(model: Any, sequences: list[list[int]], prompt_lens: list[int], shared_prefix: bool) -> bool:
+    """Whether `sequence_logprobs` computes each prompt once (model.accelerate, a model prefix_sharing runs, a
+    prompt repeated in the micro-batch) rather than the plain padded pass."""
+    if not (shared_prefix and prefix_sharing.usable(model)):
+        return False
     return len({tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}) < len(sequences)
 
 

@@ -1,5 +1,5 @@
-"""Sampling that overlaps the update (trainer.max_staleness = k > 0): a thread samples the next steps' batches
-with its own copy of the weights while the trainer updates on the current one.
+"""Sampling that overlaps the update (trainer.max_staleness = k > 0): sampler threads sample the next steps'
+batches, each on an engine with its own copy of the weights, while the trainer updates on the current one.
 
 What samples what is fixed by the config, never by timing:
 
@@ -11,11 +11,12 @@ batches in step order from one data cursor, each with its own step's seeds (rl/s
 tokens depend on its prompt and seed alone), so a faster or slower trainer, engine or interpreter changes the
 wall time and nothing else. k = 0 is the synchronous schedule, which the trainer runs without this module.
 
-    trainer (main thread)                            sampler (a thread; its own copy of the weights)
-      take(s): waits for batch s                       for s = first .. last: wait for version v(s), load it,
-      update s                                           collect(s) holding `lock`, hand the batch over
-      publish(s, model): a snapshot of version s
-      checkpoint_state(s): batches s+1 .. s+k (waits for them) with the data cursor after each
+    trainer (main thread)                            dispatcher (a thread)
+      take(s): waits for batch s                       for s = first .. last: wait for version v(s) and a free
+      update s                                           engine (k + 1 of them; one with dynamic sampling, whose
+      publish(s, model): a snapshot of version s         next cursor only the batch before knows), then start
+      checkpoint_state(s): batches s+1 .. s+k            a thread for batch s: load v(s), collect(s), hand the
+        (waits for them) with the data cursor after each  batch over; so batch s samples beside s-1's stragglers
 
 A checkpoint of step c keeps the batches of steps c+1 .. c+k, in flight when it was written (regenerating them
 would need the weights of versions c-k .. c-1, which a checkpoint does not keep): a resumed run hands them over

@@ -199,8 +199,7 @@ def run_rollouts(
         questions += [f"{ex.id}#{occurrence[ex.id]}"] * group
         occurrence[ex.id] += 1
     by_trajectory = dict(zip(map(id, trajectories), questions, strict=True))
-    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory)
-    loop.weights_for_turn = weights_for_turn
+    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory, weights_for_turn)
     for tool in tools:
         tool.reset()
     if loop_of(cfg) == "async":
@@ -350,8 +349,10 @@ class _Loop:
         sampling: Sampling,
         max_context: int,
         questions: dict[int, str],
+        weights_for_turn: Callable[[int], int] | None = None,
     ) -> None:
-        """`questions`: each trajectory's question key (its id, and which occurrence in the batch), by id(t)."""
+        """`questions`: each trajectory's question key (its id, and which occurrence in the batch), by id(t);
+        `weights_for_turn`: see run_rollouts."""
         self.engine, self.protocol, self.cfg = engine, protocol, cfg
         self.tools = {tool.name: tool for tool in tools}
         self.sampling, self.max_context, self.questions = sampling, max_context, questions
@@ -359,7 +360,7 @@ class _Loop:
         self.deadline = time.monotonic() + cfg.trajectory_timeout_s if cfg.trajectory_timeout_s > 0 else None
         self.generate_s = self.wait_tools_s = 0.0
         self.sampled_tokens = self.prompt_tokens = self.cached_tokens = 0
-        self.weights_for_turn: Callable[[int], int] | None = None  # see run_rollouts
+        self.weights_for_turn = weights_for_turn
 
     def seed_of(self, t: Trajectory) -> int:
         """The seed of the trajectory's next turn."""

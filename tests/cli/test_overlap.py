@@ -57,6 +57,15 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def assert_same_run(a: Path, b: Path) -> None:
+    """The finished runs under folders `a` and `b` logged the same metrics (timings aside), kept the same
+    trajectories and ended with the same weights."""
+    [run_a], [run_b] = ([p.parent for p in folder.rglob("final.txt")] for folder in (a, b))
+    assert comparable(read_jsonl(run_a / "metrics.jsonl")) == comparable(read_jsonl(run_b / "metrics.jsonl"))
+    assert read_jsonl(run_a / "rollouts.jsonl") == read_jsonl(run_b / "rollouts.jsonl")
+    assert same_weights(weights(a), weights(b))
+
+
 def test_stale_sampling_is_fixed_by_the_config_not_by_speed(sft_checkpoint: Path, tmp_path: Path) -> None:
     """k = 1 twice, once with random delays everywhere (and a periodic eval pausing the sampler): the same
     metrics, evals, kept trajectories and weights. Against k = 0: step 1 (sampled by the initial weights in
@@ -65,12 +74,8 @@ def test_stale_sampling_is_fixed_by_the_config_not_by_speed(sft_checkpoint: Path
     init = f"trainer.init_from={sft_checkpoint}"
     stale = [init, "trainer.max_staleness=1", *EVAL]
     steady = train(tmp_path / "steady", *stale)
-    shaken = train(tmp_path / "shaken", *stale, env=JITTER)
-    assert comparable(shaken) == comparable(steady)
-    assert read_jsonl(tmp_path / "shaken" / "run" / "rollouts.jsonl") == read_jsonl(
-        tmp_path / "steady" / "run" / "rollouts.jsonl"
-    )
-    assert same_weights(weights(tmp_path / "shaken"), weights(tmp_path / "steady"))
+    train(tmp_path / "shaken", *stale, env=JITTER)
+    assert_same_run(tmp_path / "shaken", tmp_path / "steady")
     assert "eval/accuracy" in steady[1] and "eval/accuracy" in steady[3]
     assert [r["rollout/behaviour_version"] for r in steady] == [0, 0, 1, 2]
     assert [r["rollout/staleness_max"] for r in steady] == [0, 1, 1, 1]
@@ -99,12 +104,8 @@ def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_spe
     partial = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", "rollout.partial=true"]
     partial += ["rollout.max_tokens_per_turn=24"]  # turns short enough that trajectories take several
     steady = train(tmp_path / "steady", *partial)
-    shaken = train(tmp_path / "shaken", *partial, env=JITTER)
-    assert comparable(shaken) == comparable(steady)
-    assert read_jsonl(tmp_path / "shaken" / "run" / "rollouts.jsonl") == read_jsonl(
-        tmp_path / "steady" / "run" / "rollouts.jsonl"
-    )
-    assert same_weights(weights(tmp_path / "shaken"), weights(tmp_path / "steady"))
+    train(tmp_path / "shaken", *partial, env=JITTER)
+    assert_same_run(tmp_path / "shaken", tmp_path / "steady")
     assert [r["rollout/behaviour_version"] for r in steady] == [0, 0, 1, 2]
     mixed = [r for r in steady[1:] if r["rollout/partial_share"] > 0]
     assert mixed, [r["rollout/partial_share"] for r in steady]
@@ -138,10 +139,7 @@ def test_overlapped_training_resumes_exactly_after_sigkill(
     broken.mkdir()
     die_after([*ARGS, *extra], cwd=broken, when=when)
     run_retool(*ARGS, *extra, cwd=broken, check=True)
-    [run] = [p.parent for p in broken.rglob("final.txt")]  # (killed before its first row: a fresh run folder)
-    assert comparable(read_jsonl(run / "metrics.jsonl")) == comparable(whole)
-    assert read_jsonl(run / "rollouts.jsonl") == read_jsonl(tmp_path / "whole" / "run" / "rollouts.jsonl")
-    assert same_weights(weights(broken), weights(tmp_path / "whole"))
+    assert_same_run(broken, tmp_path / "whole")  # (killed before its first row: a fresh run folder, found)
 
 
 def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint: Path, tmp_path: Path) -> None:
