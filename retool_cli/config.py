@@ -423,7 +423,16 @@ class TrainerConfig:
     questions_per_step: int = doc(32, "distinct questions per RL step (x rollout.group_size trajectories)")
     epochs_per_batch: int = doc(1, "passes over each rollout batch (old logprobs recomputed once before them)")
     mini_batches: int = doc(1, "optimizer steps per epoch over the rollout batch")
-    micro_batch_tokens: int = doc(16384, "token budget of one forward/backward (sorted by length, no padding waste)")
+    micro_batch_tokens: int = doc(
+        16384,
+        "token budget of one forward/backward: (longest) x (sequences) of a right-padded micro-batch (sorted by "
+        "length), or the tokens of one packed row with pack_sequences",
+    )
+    pack_sequences: bool = doc(
+        False,
+        "RL passes without padding: each micro-batch's sequences end to end in one row, attention kept within "
+        "each (rl/packing.py); the same log-probs and gradients to fp32 rounding",
+    )
     advantage: Advantage = doc(Advantage.grpo, "grpo | dr_grpo | rloo (retool_cli/rl/algorithms.py)")
     clip_low: float = doc(0.2, "PPO ratio clip below 1")
     clip_high: float = doc(0.28, "PPO ratio clip above 1 (DAPO clip-higher)")
@@ -600,6 +609,11 @@ class SFTConfig:
     warmup_steps: int = doc(50, "linear warm-up steps")
     schedule: Schedule = doc(Schedule.cosine, "constant | cosine (after warm-up)")
     weight_decay: float = doc(0.0, "AdamW weight decay")
+    pack_sequences: bool = doc(
+        False,
+        "SFT passes without padding: each micro-batch's traces end to end in one row of at most "
+        "trainer.micro_batch_tokens tokens (rl/packing.py)",
+    )
     code_fraction: float = doc(0.5, "synthesised traces: share that calls the interpreter (the rest answer directly)")
     traces_file: str | None = doc(
         None,

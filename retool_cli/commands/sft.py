@@ -24,7 +24,7 @@ from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.model.precision import resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, save_checkpoint
-from retool_cli.rl.logprobs import counted_token_logprobs, micro_batches, sft_positions
+from retool_cli.rl.logprobs import counted_token_logprobs, micro_batch_indices, sft_positions
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import run_folder
@@ -83,10 +83,12 @@ def batch_loss(
     device = next(model.parameters()).device
     tokens = sum(sum(t.response_mask) for t in batch)
     loss_sum, positions, real = 0.0, 0, 0
-    for group in micro_batches([len(t.input_ids) for t in batch], config.trainer.micro_batch_tokens):
+    pack = config.sft.pack_sequences
+    budget = config.trainer.micro_batch_tokens
+    for group in micro_batch_indices([t.input_ids for t in batch], None, budget, pack, shared_prefix=False):
         chosen = [batch[i] for i in group]
         computed, counted = sft_positions(
-            model, [t.input_ids for t in chosen], [len(t.prompt_ids) for t in chosen], config.model.accelerate
+            model, [t.input_ids for t in chosen], [len(t.prompt_ids) for t in chosen], config.model.accelerate, pack
         )
         positions, real = positions + computed, real + counted
         logp = counted_token_logprobs(
@@ -98,6 +100,7 @@ def batch_loss(
             device,
             bf16_autocast=bf16_autocast,
             shared_prefix=config.model.accelerate,
+            pack=pack,
         )  # (N,): the micro-batch's model tokens
         loss = -logp.sum() / tokens  # the mean over the whole batch's model tokens
         loss.backward()

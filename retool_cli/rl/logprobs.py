@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from retool_cli.rl import prefix_sharing
+from retool_cli.rl import packing, prefix_sharing
 from retool_cli.rl.algorithms import token_logprobs
 
 
@@ -26,11 +26,25 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return groups
 
 
+def micro_batch_indices(
+    sequences: list[list[int]], prompt_lens: list[int] | None, token_budget: int, pack: bool, shared_prefix: bool
+) -> list[list[int]]:
+    """The micro-batches of the trainer's passes: packed rows of at most `token_budget` tokens (each shared prompt
+    counted once), or padded micro-batches within it (`micro_batches`)."""
+    if pack:
+        return packing.rows(sequences, prompt_lens if shared_prefix else None, token_budget)
+    return micro_batches([len(s) for s in sequences], token_budget)
+
+
 def rl_positions(
-    model: Any, sequences: list[list[int]], prompt_lens: list[int], shared_prefix: bool
+    model: Any, sequences: list[list[int]], prompt_lens: list[int], shared_prefix: bool, pack: bool = False
 ) -> tuple[int, int]:
     """(positions computed, real tokens among them) of `sequence_logprobs` on one micro-batch: B x L right-padded,
-    or with each GRPO prompt once (prefix_sharing: U prompts x their longest, B responses x the longest)."""
+    or with each GRPO prompt once (prefix_sharing: U prompts x their longest, B responses x the longest), or
+    packed (every position real)."""
+    if pack:
+        computed = packing.packed_length(sequences, prompt_lens if shared_prefix else None)
+        return computed, computed
     if _shares_prompts(model, sequences, prompt_lens, shared_prefix):
         prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}
         responses = [len(s) - n for s, n in zip(sequences, prompt_lens, strict=True)]
@@ -40,10 +54,14 @@ def rl_positions(
 
 
 def sft_positions(
-    model: Any, sequences: list[list[int]], loss_starts: list[int], shared_prefix: bool
+    model: Any, sequences: list[list[int]], loss_starts: list[int], shared_prefix: bool, pack: bool = False
 ) -> tuple[int, int]:
     """(positions computed, real tokens among them) of `counted_token_logprobs` on one micro-batch: B x L
-    right-padded, or the batch's common prefix once and the rest right-padded (prefix_sharing)."""
+    right-padded, or the batch's common prefix once and the rest right-padded (prefix_sharing), or packed."""
+    if pack:
+        prefixes = [_common_prefix_length(sequences, min(loss_starts))] * len(sequences) if shared_prefix else None
+        computed = packing.packed_length(sequences, prefixes)
+        return computed, computed
     if shared_prefix and prefix_sharing.usable(model):
         shared = _common_prefix_length(sequences, limit=min(loss_starts))
         rest = [len(s) - shared for s in sequences]
@@ -69,15 +87,21 @@ def sequence_logprobs(
     entropy: str = "off",
     prompt_lens: list[int] | None = None,
     shared_prefix: bool = False,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Logprobs of every next token of right-padded sequences (B, L-1), its validity mask (B, L-1), and the
     policy's entropy at each position (B, L-1) or None (`entropy`: see algorithms.token_logprobs).
     With `bf16_autocast`, matmuls run in bfloat16 over the fp32 weights (mixed precision); the log-softmax
     is always taken in fp32. With `shared_prefix` (model.accelerate), `prompt_lens` and sequences that repeat a
     prompt (GRPO groups), each prompt runs once (prefix_sharing) and only positions predicting response tokens
-    are filled (0 elsewhere)."""
-    ids = pad_right(sequences, pad_id, device)  # (B, L)
+    are filled (0 elsewhere). With `pack` the sequences run as one packed row (rl/packing.py; prompts shared
+    with `shared_prefix`), and with `prompt_lens` only the positions predicting response tokens are filled."""
+    if pack:
+        return _packed_sequence_logprobs(
+            model, sequences, prompt_lens, shared_prefix, device, temperature, bf16_autocast, entropy
+        )
     attention = pad_right([[1] * len(s) for s in sequences], 0, device)
+    ids = pad_right(sequences, pad_id, device)  # (B, L)
     if prompt_lens is not None and _shares_prompts(model, sequences, prompt_lens, shared_prefix):
         logp, entropy_per_token = _grouped_logprobs(
             model, sequences, prompt_lens, pad_id, device, temperature, bf16_autocast, entropy, ids.shape[1] - 1
@@ -87,6 +111,56 @@ def sequence_logprobs(
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # (B, L-1, V)
     logp, entropy_per_token = token_logprobs(logits, ids[:, 1:], temperature, entropy)
     return logp, attention[:, 1:], entropy_per_token
+
+
+def _packed_sequence_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    prompt_lens: list[int] | None,
+    shared_prefix: bool,
+    device: torch.device,
+    temperature: float,
+    bf16_autocast: bool,
+    entropy: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` through one packed row, in the same (B, L-1) layout: every position filled, or with
+    `prompt_lens` those predicting response tokens (0 elsewhere)."""
+    starts = [0] * len(sequences) if prompt_lens is None else [n - 1 for n in prompt_lens]
+    reads = [torch.arange(start, len(s) - 1) for s, start in zip(sequences, starts, strict=True)]
+    shared = prompt_lens if shared_prefix else None
+    logp, entropy_per_token = _packed_logprobs(
+        model, sequences, shared, reads, device, temperature, bf16_autocast, entropy
+    )
+    width = max(map(len, sequences)) - 1
+    rows = torch.cat([torch.full((len(r),), i) for i, r in enumerate(reads)]).to(device)
+    columns = torch.cat(reads).to(device)
+    valid = pad_right([[1] * len(s) for s in sequences], 0, device)[:, 1:]  # (B, L-1)
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:  # (N,) -> (B, L-1)
+        return values.new_zeros((len(sequences), width)).index_put((rows, columns), values)
+
+    return scatter(logp), valid, None if entropy_per_token is None else scatter(entropy_per_token)
+
+
+def _packed_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    shared_prompt_lens: list[int] | None,
+    reads: list[torch.Tensor],
+    device: torch.device,
+    temperature: float,
+    bf16_autocast: bool,
+    entropy: str = "off",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p of token t + 1 of sequence i for every t in reads[i], flattened (N,) in (i, t) order, from one
+    packed row (prompts shared with `shared_prompt_lens`); the entropy there too, or None."""
+    row = packing.pack(sequences, shared_prompt_lens)
+    keep = torch.cat([row.where[i][r] for i, r in enumerate(reads)])  # (N,) row positions predicting the targets
+    targets = torch.cat([torch.tensor(s)[r + 1] for s, r in zip(sequences, reads, strict=True)]).to(device)  # (N,)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast):
+        logits = packing.next_token_logits(model, row, keep, device)  # (1, N, V)
+    logp, entropy_per_token = token_logprobs(logits, targets[None], temperature, entropy)  # (1, N)
+    return logp[0], None if entropy_per_token is None else entropy_per_token[0]
 
 
 def _shares_prompts(model: Any, sequences: list[list[int]], prompt_lens: list[int], shared_prefix: bool) -> bool:
@@ -135,11 +209,22 @@ def counted_token_logprobs(
     device: torch.device,
     bf16_autocast: bool = False,
     shared_prefix: bool = False,
+    pack: bool = False,
 ) -> torch.Tensor:
     """log p of the tokens a loss counts, flattened (N,), N = the masks' sum: token `loss_starts[i] + j` of
     sequence i counts where `loss_masks[i][j]` (SFT's model tokens). With `shared_prefix` (model.accelerate) and
     a model prefix_sharing runs, the batch's common prefix (the system turn of every trace) runs once and the LM
-    head and log-softmax run only at the counted tokens; otherwise the plain forward over whole sequences."""
+    head and log-softmax run only at the counted tokens; otherwise the plain forward over whole sequences. With
+    `pack`, one packed row (rl/packing.py; the common prefix once with `shared_prefix`), the LM head only at the
+    counted tokens."""
+    if pack:
+        prefixes = [_common_prefix_length(sequences, min(loss_starts))] * len(sequences) if shared_prefix else None
+        reads = [
+            torch.tensor([start + j - 1 for j, counted in enumerate(mask) if counted], dtype=torch.long)
+            for start, mask in zip(loss_starts, loss_masks, strict=True)
+        ]
+        logp, _ = _packed_logprobs(model, sequences, prefixes, reads, device, 1.0, bf16_autocast)
+        return logp
     if not (shared_prefix and prefix_sharing.usable(model)):
         logp, _, _ = sequence_logprobs(model, sequences, pad_id, device, bf16_autocast=bf16_autocast)
         return logp[response_mask_matrix(loss_starts, loss_masks, logp.shape[1], device).bool()]

@@ -36,7 +36,7 @@ from retool_cli.rl.distributed import (
     grad_norm,
     is_sharded,
 )
-from retool_cli.rl.logprobs import micro_batches, response_mask_matrix, rl_positions, sequence_logprobs
+from retool_cli.rl.logprobs import micro_batch_indices, response_mask_matrix, rl_positions, sequence_logprobs
 from retool_cli.rl.step import StepPlan, group_ids, valid_samples
 from retool_cli.rollout.agent import Trajectory
 
@@ -51,12 +51,28 @@ class Forward:
     bf16_autocast: bool  # matmuls in bfloat16 over fp32 weights
     shared_prefix: bool  # model.accelerate: each GRPO prompt computed once
     temperature: float  # the sampler's (StepPlan.temperature)
+    pack: bool  # trainer.pack_sequences: each micro-batch one packed row, no padding (rl/packing.py)
 
     @classmethod
     def of(cls, plan: StepPlan, model: torch.nn.Module, pad_id: int) -> Forward:
         device = next(model.parameters()).device
         t = plan.trainer
-        return cls(pad_id, device, t.micro_batch_tokens, plan.bf16_autocast, plan.shared_prefix, plan.temperature)
+        return cls(
+            pad_id,
+            device,
+            t.micro_batch_tokens,
+            plan.bf16_autocast,
+            plan.shared_prefix,
+            plan.temperature,
+            t.pack_sequences,
+        )
+
+    def micro_batches(self, trajectories: list[Trajectory], model: torch.nn.Module) -> list[list[int]]:
+        """Indices of the trajectories in each micro-batch (under FSDP2, as many on every process)."""
+        sequences = [x.token_ids for x in trajectories]
+        prompt_lens = [len(x.prompt_ids) for x in trajectories]
+        groups = micro_batch_indices(sequences, prompt_lens, self.token_budget, self.pack, self.shared_prefix)
+        return _equalized(groups, model)
 
 
 @dataclass(frozen=True)
@@ -188,8 +204,7 @@ def optimize(
             if tokens == 0:
                 continue
             total = 0.0
-            lengths = [len(x.token_ids) for x in mini.trajectories]
-            for group in _equalized(micro_batches(lengths, t.micro_batch_tokens), model):
+            for group in forward.micro_batches(mini.trajectories, model):
                 if not group:  # FSDP2: an empty pass keeps this process in step with the others' collectives
                     empty = [[forward.pad_id] * 2]
                     logp, _, _ = sequence_logprobs(
@@ -203,6 +218,7 @@ def optimize(
                     [x.token_ids for x in micro.trajectories],
                     [len(x.prompt_ids) for x in micro.trajectories],
                     forward.shared_prefix,
+                    forward.pack,
                 )
                 stats.positions += computed
                 stats.real_tokens += real
@@ -276,6 +292,7 @@ def _micro_loss(
         entropy="loss" if t.entropy_coef > 0 else "metric",
         prompt_lens=prompt_lens,
         shared_prefix=forward.shared_prefix,
+        pack=forward.pack,
     )  # (B, L-1)
     width = logp.shape[1]
     mask = response_mask_matrix(prompt_lens, micro.masks, width, device)
@@ -320,7 +337,7 @@ def all_logprobs(model: torch.nn.Module, trajectories: list[Trajectory], forward
     positions predicting response tokens are meaningful (the prompt's are 0 when prompts are shared)."""
     sequences = [x.token_ids for x in trajectories]
     out: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
-    for group in _equalized(micro_batches([len(s) for s in sequences], forward.token_budget), model):
+    for group in forward.micro_batches(trajectories, model):
         pad = forward.pad_id
         chosen = [sequences[i] for i in group] or [[pad, pad]]  # empty: an FSDP2 pass to keep in step
         lens = [len(trajectories[i].prompt_ids) for i in group] or [1]
@@ -333,6 +350,7 @@ def all_logprobs(model: torch.nn.Module, trajectories: list[Trajectory], forward
             bf16_autocast=forward.bf16_autocast,
             prompt_lens=lens,
             shared_prefix=forward.shared_prefix,
+            pack=forward.pack,
         )
         for row, i in enumerate(group):
             out[i] = logp[row, : len(sequences[i]) - 1]

@@ -54,7 +54,9 @@ def leave_group() -> None:
     os._exit(0)
 
 
-def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, fsdp: bool = False) -> None:
+def run_update(
+    rank: int, world: int, init_file: str, out: str, loss_agg: str, fsdp: bool = False, pack: bool = False
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if world > 1:
@@ -68,6 +70,7 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     mine = [i for i, t in enumerate(trajectories) if int(t.example.id[1:]) % world == rank]  # whole groups per rank
     cfg = RetoolConfig()
     cfg.trainer.loss_agg, cfg.trainer.grad_clip, cfg.trainer.micro_batch_tokens = LossAgg(loss_agg), 1e9, 96
+    cfg.trainer.pack_sequences = pack
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # the step is the gradient itself
     scheduler = build_scheduler(optimizer, 0, 1, "constant")
     mine_batch = rollout_batch([trajectories[i] for i in mine], rewards[mine])
@@ -87,26 +90,35 @@ def run_update(rank: int, world: int, init_file: str, out: str, loss_agg: str, f
     if rank == 0 and weights:
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
-        torch.save({"weights": weights or model.state_dict(), "loss": stats["train/loss"]}, out)
+        saved = {"weights": weights or model.state_dict(), "loss": stats["train/loss"]}
+        torch.save({**saved, "padding_share": stats["train/padding_share"]}, out)
     if world > 1:
         leave_group()
 
 
 @pytest.mark.parametrize(
-    ("loss_agg", "fsdp"),
-    [("token_mean", False), ("seq_mean_token_mean", False), ("token_mean", True), ("seq_mean_token_mean", True)],
+    ("loss_agg", "fsdp", "pack"),
+    [
+        ("token_mean", False, False),
+        ("seq_mean_token_mean", False, False),
+        ("token_mean", True, False),
+        ("seq_mean_token_mean", True, False),
+        ("seq_mean_token_mean", True, True),
+    ],
 )
-def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool) -> None:
+def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool, pack: bool) -> None:
     """Data parallel (whole model per process, gradients all-reduced) and FSDP2 (sharded parameters, gradients
-    reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update."""
+    reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update;
+    with packed rows (trainer.pack_sequences) too, against one process's padded update."""
     tiny_model_path()  # build once before the processes start
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     spawn(run_update, (1, str(tmp_path / "init1"), str(one), loss_agg), 1)
-    spawn(run_update, (2, str(tmp_path / "init2"), str(two), loss_agg, fsdp), 2)
+    spawn(run_update, (2, str(tmp_path / "init2"), str(two), loss_agg, fsdp, pack), 2)
     from transformers import AutoModelForCausalLM
 
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path()).state_dict()
     a, b = torch.load(one), torch.load(two)
+    assert a["padding_share"] > 0 and (b["padding_share"] == 0) == pack
     moved = 0
     for name, weight in a["weights"].items():
         assert torch.allclose(weight, b["weights"][name], atol=1e-6), name

@@ -1,0 +1,201 @@
+"""Padding-free training passes: a micro-batch's sequences concatenated into one row, no padded position computed.
+
+A right-padded micro-batch computes (longest) x (sequences) positions, forward and backward; on a multi-turn RL
+batch whose lengths spread over 10x most of them are padding. Here the sequences sit end to end in one row
+(1, T), T = their total length, each with its own position ids (rotary embeddings restart at 0), and an
+attention function that never lets a query see another sequence's keys: causal SDPA over each segment of the
+row. With shared prompts (model.accelerate) a GRPO group's prompt is one segment and each response a segment
+that attends to that prompt and, causally, to itself: each prompt runs once, as in prefix_sharing.py, but
+inside the model's own forward. The LM head runs only at the positions whose next-token log-prob is read
+(`logits_to_keep`), so a prompt's logits are never computed either.
+
+The attention function is registered with transformers' AttentionInterface under "retool_packed:<impl>" and
+installed on the model (`enable`); a forward without `packed_segments` (generation, the plain pass) falls back
+to the model's own implementation <impl>, unchanged bit for bit. Because the model's forward runs as usual,
+LoRA adapters, FSDP2's per-layer hooks, gradient checkpointing (the recompute sees the same keyword arguments)
+and bf16 autocast compose with it unchanged.
+
+The same idea as verl's `use_remove_padding` (unpadded tokens, flash-attention varlen over cu_seqlens) and TRL's
+padding-free collator (position ids restarting per sequence); those need flash-attention kernels, this runs
+wherever SDPA does (CPU included) and also covers the shared-prompt layout.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+NAME = "retool_packed"
+_forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Positions [start, end) of a packed row that attend causally to themselves and to every position of
+    [prefix_start, prefix_end) (a shared prompt; empty for a whole sequence)."""
+
+    start: int
+    end: int
+    prefix_start: int = 0
+    prefix_end: int = 0
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One row of concatenated sequences and where each sequence's tokens sit in it."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T): each token's position in its own sequence
+    segments: tuple[Segment, ...]  # contiguous, in row order, covering [0, T)
+    where: list[torch.Tensor]  # per sequence (len,): the row position of each of its tokens
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def pack(sequences: list[list[int]], prompt_lens: list[int] | None = None) -> PackedRow:
+    """The sequences end to end; with `prompt_lens`, each distinct prompt once (its first occurrence) and every
+    sequence's rest after it as a segment that attends to it. Position ids count within each sequence, so a
+    response continues its prompt's positions."""
+    ids: list[int] = []
+    positions: list[int] = []
+    segments: list[Segment] = []
+    where: list[torch.Tensor] = []
+    prompts: dict[tuple[int, ...], int] = {}  # prompt -> its start in the row
+
+    def append(tokens: list[int], first_position: int, prefix: tuple[int, int] = (0, 0)) -> int:
+        start = len(ids)
+        ids.extend(tokens)
+        positions.extend(range(first_position, first_position + len(tokens)))
+        if tokens:  # an empty response is no segment
+            segments.append(Segment(start, len(ids), *prefix))
+        return start
+
+    for i, seq in enumerate(sequences):
+        if prompt_lens is None:
+            start = append(seq, 0)
+            where.append(torch.arange(start, start + len(seq)))
+            continue
+        n = prompt_lens[i]
+        key = tuple(seq[:n])
+        if key not in prompts:
+            prompts[key] = append(seq[:n], 0)
+        prompt_start = prompts[key]
+        rest = append(seq[n:], n, (prompt_start, prompt_start + n))
+        where.append(torch.cat([torch.arange(prompt_start, prompt_start + n), torch.arange(rest, rest + len(seq) - n)]))
+    return PackedRow(torch.tensor([ids]), torch.tensor([positions]), tuple(segments), where)
+
+
+def packed_length(sequences: list[list[int]], prompt_lens: list[int] | None = None) -> int:
+    """T of `pack(sequences, prompt_lens)`: the positions its forward computes, every one a real token."""
+    if prompt_lens is None:
+        return sum(map(len, sequences))
+    prompts = {tuple(s[:n]) for s, n in zip(sequences, prompt_lens, strict=True)}
+    return sum(map(len, prompts)) + sum(len(s) - n for s, n in zip(sequences, prompt_lens, strict=True))
+
+
+def rows(sequences: list[list[int]], prompt_lens: list[int] | None, token_budget: int) -> list[list[int]]:
+    """Sample indices grouped into packed rows of at most `token_budget` tokens (a shared prompt counted once per
+    row), in batch order so that a GRPO group shares a row; a longer sample gets a row of its own."""
+    out: list[list[int]] = []
+    for i in range(len(sequences)):
+        candidate = [*out[-1], i] if out else [i]
+        chosen = [sequences[j] for j in candidate]
+        lens = None if prompt_lens is None else [prompt_lens[j] for j in candidate]
+        if out and packed_length(chosen, lens) <= token_budget:
+            out[-1] = candidate
+        else:
+            out.append([i])
+    return out
+
+
+def enable(model: Any) -> None:
+    """Install the packed attention on the model (idempotent); its forward without `packed_segments` stays the
+    model's own implementation."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = base.config._attn_implementation
+    if own.startswith(NAME):
+        return
+    name = f"{NAME}:{own}"
+    AttentionInterface.register(name, packed_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[own])  # the unpacked forward's mask
+    base.set_attn_implementation(name)
+
+
+def packed_attention(
+    module: Any,
+    query: torch.Tensor,  # (1, H, T, D)
+    key: torch.Tensor,  # (1, Hkv, T, D)
+    value: torch.Tensor,  # (1, Hkv, T, D)
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    packed_segments: tuple[Segment, ...] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention within each segment of a packed row (B = 1); (1, T, H, D) like transformers' functions."""
+    if packed_segments is None:  # not a packed forward: the model's own attention
+        own = str(module.config._attn_implementation).removeprefix(f"{NAME}:")
+        eager = sys.modules[type(module).__module__].eager_attention_forward  # the modeling file's own
+        function = ALL_ATTENTION_FUNCTIONS.get_interface(own, eager)
+        if getattr(_forward, "packed", False):  # a packed forward whose model dropped the segments on the way
+            raise RuntimeError(
+                f"{type(module).__name__} does not pass attention keyword arguments through its forward, so its "
+                "sequences cannot be packed; set trainer.pack_sequences=false (sft.pack_sequences=false)"
+            )
+        unpacked: tuple[torch.Tensor, None] = function(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        return unpacked
+    if attention_mask is not None or query.shape[0] != 1:
+        raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
+    if kwargs.get("sliding_window") is not None:
+        raise RuntimeError("packed sequences do not support sliding-window attention layers; set pack_sequences=false")
+    gqa = query.shape[1] != key.shape[1]
+    outs: list[torch.Tensor] = []
+    for s in packed_segments:
+        q, k, v = query[:, :, s.start : s.end], key[:, :, s.start : s.end], value[:, :, s.start : s.end]
+        if s.prefix_end == s.prefix_start:
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+            )
+        else:  # a response over its shared prompt: all of the prompt, then causal over itself
+            k = torch.cat([key[:, :, s.prefix_start : s.prefix_end], k], dim=2)
+            v = torch.cat([value[:, :, s.prefix_start : s.prefix_end], v], dim=2)
+            n, p = s.end - s.start, s.prefix_end - s.prefix_start
+            causal = torch.ones((n, n), dtype=torch.bool, device=q.device).tril()
+            allowed = torch.cat([torch.ones((n, p), dtype=torch.bool, device=q.device), causal], dim=1)  # (n, p + n)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+            )
+        outs.append(out)
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None  # (1, T, H, D)
+
+
+def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V)."""
+    enable(model)
+    ids = row.input_ids.to(device)
+    _forward.packed = True
+    try:
+        out = model(
+            input_ids=ids,
+            position_ids=row.position_ids.to(device),
+            attention_mask=torch.ones_like(ids),  # no padding: transformers builds no mask, the segments decide
+            packed_segments=row.segments,
+            logits_to_keep=keep.to(device),
+            use_cache=False,
+        )
+    finally:
+        _forward.packed = False
+    logits: torch.Tensor = out.logits
+    return logits

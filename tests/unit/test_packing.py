@@ -1,0 +1,238 @@
+"""rl/packing.py: padding-free passes against the padded pass, log-probs and gradients to fp32 rounding, on
+Qwen2, Qwen3 and Llama models with tiny and real (Qwen2.5's 151,665-token) vocabularies; with shared prompts,
+LoRA, gradient checkpointing, bf16 autocast; the whole RL update; the unpacked forward left unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from retool_cli.config import LossAgg, RetoolConfig
+from retool_cli.data.dataset import MathExample
+from retool_cli.model.precision import resolve_precision
+from retool_cli.model.tiny import tiny_model_path
+from retool_cli.rl import packing
+from retool_cli.rl.logprobs import counted_token_logprobs, rl_positions, sequence_logprobs, sft_positions
+from retool_cli.rl.optim import build_scheduler
+from retool_cli.rl.step import StepPlan, rollout_batch
+from retool_cli.rl.update import update
+from retool_cli.rollout.agent import Trajectory
+from tests.unit.test_hf_engine import CONFIGS, tiny_model
+from tests.unit.test_trainer import _grouped_sequences, _sft_traces
+
+CPU = torch.device("cpu")
+REAL_VOCAB = 151_665  # len(Qwen2.5's tokenizer): ../shared/tokenizers/README.md
+
+
+def real_vocab_model(kind: str) -> torch.nn.Module:
+    """A tiny decoder with a real model's vocabulary (the LM head is most of its compute)."""
+    torch.manual_seed(0)
+    config = CONFIGS[kind](
+        vocab_size=REAL_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
+    return AutoModelForCausalLM.from_config(config).train()
+
+
+def loss_and_grads(model, sequences, prompt_lens, shared: bool, pack: bool):
+    """Response log-probs and entropies of one pass, and the gradients of a loss of both."""
+    model.zero_grad()
+    logp, _, entropy = sequence_logprobs(
+        model,
+        sequences,
+        95,
+        CPU,
+        temperature=0.8,
+        entropy="loss",
+        prompt_lens=prompt_lens,
+        shared_prefix=shared,
+        pack=pack,
+    )
+    response = torch.zeros_like(logp)
+    for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
+        response[i, start - 1 : len(seq) - 1] = 1
+    ((logp * response).sum() + 0.1 * (entropy * response).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (logp * response).detach(), (entropy * response).detach(), grads
+
+
+def assert_same_pass(padded, packed, atol: float = 1e-5) -> None:
+    assert torch.allclose(padded[0], packed[0], atol=atol) and torch.allclose(padded[1], packed[1], atol=atol)
+    assert padded[2].keys() == packed[2].keys() and padded[2]
+    for name, grad in padded[2].items():
+        assert torch.allclose(grad, packed[2][name], atol=1e-4, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_packed_pass_equals_the_padded_pass(kind: str, shared: bool) -> None:
+    """GRPO groups of unequal lengths in one row: the padded pass's response log-probs, entropies and gradients,
+    with each prompt once when shared (model.accelerate) or whole sequences end to end."""
+    model = tiny_model(kind).train()
+    sequences, prompt_lens = _grouped_sequences(0)
+    padded = loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    packed = loss_and_grads(model, sequences, prompt_lens, shared=shared, pack=True)
+    assert len(padded[2]) == len(list(model.parameters()))
+    assert_same_pass(padded, packed)
+    assert model.config._attn_implementation == "retool_packed:sdpa"
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_packed_pass_with_a_real_vocabulary(kind: str) -> None:
+    model = real_vocab_model(kind)
+    generator = torch.Generator().manual_seed(1)
+    sequences = [torch.randint(0, REAL_VOCAB, (n,), generator=generator).tolist() for n in (23, 4, 11, 9)]
+    sequences[1] = sequences[0][:3] + sequences[1]  # a prompt shared with the first
+    prompt_lens = [3, 3, 5, 2]
+    assert_same_pass(
+        loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False),
+        loss_and_grads(model, sequences, prompt_lens, shared=True, pack=True),
+    )
+
+
+@pytest.mark.parametrize("shared_start", [True, False])
+def test_packed_sft_pass_equals_the_padded_pass(shared_start: bool) -> None:
+    """SFT's counted tokens (masks with holes), with the batch's common prefix once or not."""
+    model = tiny_model("qwen3").train()
+    sequences, starts, masks = _sft_traces(3, shared_start)
+    results = []
+    for pack, shared in ((False, False), (True, False), (True, True)):
+        model.zero_grad()
+        logp = counted_token_logprobs(model, sequences, starts, masks, 95, CPU, shared_prefix=shared, pack=pack)
+        (-logp.sum()).backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (padded, padded_grads), *packed = results
+    assert padded.shape == (sum(map(sum, masks)),)
+    for logp, grads in packed:
+        assert torch.allclose(padded, logp, atol=1e-5)
+        assert all(torch.allclose(g, grads[n], atol=1e-4, rtol=1e-4) for n, g in padded_grads.items())
+
+
+def test_packed_pass_through_lora_with_gradient_checkpointing_and_bf16() -> None:
+    """LoRA adapters get the padded pass's gradients, also when the backward recomputes each layer (the
+    recompute sees the segments too); under bf16 autocast packed and padded agree as closely as bf16 allows."""
+    from retool_cli.config import ModelConfig
+    from retool_cli.model.loading import apply_lora
+
+    sequences, prompt_lens = _grouped_sequences(1)
+    sequences = [[t % 200 for t in s] for s in sequences]
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    base.gradient_checkpointing_enable()
+    policy = apply_lora(base, ModelConfig(name_or_path="tiny", lora_rank=4, lora_alpha=8.0)).train()
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # non-zero adapters, so that they change the logits
+    padded = loss_and_grads(policy, sequences, prompt_lens, shared=False, pack=False)
+    packed = loss_and_grads(policy, sequences, prompt_lens, shared=True, pack=True)
+    assert padded[2] and all("lora_" in n for n in padded[2])
+    assert_same_pass(padded, packed)
+    mixed = [
+        sequence_logprobs(policy, sequences, 0, CPU, bf16_autocast=True, prompt_lens=prompt_lens, pack=pack)[0]
+        for pack in (False, True)
+    ]
+    response = packed[0] != 0
+    assert not torch.equal(mixed[1][response], packed[0][response])  # bf16 matmuls really ran
+    assert torch.allclose(mixed[0][response], mixed[1][response], atol=0.05)
+
+
+def test_the_unpacked_forward_and_the_saved_config_are_unchanged(tmp_path) -> None:
+    """`enable` leaves every other forward (generation, the padded pass) to the model's own attention, bit for
+    bit, and a checkpoint saved after it loads anywhere (no packed attention in its config)."""
+    model = tiny_model("qwen2")
+    ids = torch.tensor([[5, 6, 7, 8, 9], [3, 4, 95, 95, 95]])
+    mask = torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])
+    before = model(input_ids=ids, attention_mask=mask).logits
+    generated = model.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=95)
+    packing.enable(model)
+    packing.enable(model)  # idempotent
+    assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
+    assert torch.equal(model.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=95), generated)
+    model.save_pretrained(tmp_path)
+    assert "retool_packed" not in (tmp_path / "config.json").read_text()
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen2"
+
+
+def test_rows_and_positions() -> None:
+    """Rows stay within the budget in batch order (a group shares its row); a longer sample gets a row of its
+    own; every position of a packed pass is a real token, a shared prompt counted once."""
+    sequences = [[1, 2, 3, 7, 7, 7, 7], [1, 2, 3, 7], [4, 5, 8, 8], [9] * 12, [4, 5, 6]]
+    prompt_lens = [3, 3, 2, 1, 2]
+    assert packing.packed_length(sequences[:2], prompt_lens[:2]) == 3 + 4 + 1
+    assert packing.rows(sequences, None, 11) == [[0, 1], [2], [3], [4]]
+    assert packing.rows(sequences, prompt_lens, 12) == [[0, 1, 2], [3], [4]]
+    model = tiny_model("llama")
+    assert rl_positions(model, sequences[:3], prompt_lens[:3], shared_prefix=True, pack=True) == (12, 12)
+    assert rl_positions(model, sequences[:3], prompt_lens[:3], shared_prefix=False, pack=True) == (15, 15)
+    assert sft_positions(model, sequences[:2], [3, 3], shared_prefix=True, pack=True) == (3 + 4 + 1, 8)
+    row = packing.pack(sequences[:3], prompt_lens[:3])
+    assert row.input_ids.tolist() == [[1, 2, 3, 7, 7, 7, 7, 7, 4, 5, 8, 8]]
+    assert row.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6, 3, 0, 1, 2, 3]]
+    assert [row.where[1].tolist()] == [[0, 1, 2, 7]]
+
+
+def _trajectories() -> tuple[list[Trajectory], torch.Tensor]:
+    """3 questions x 4 samples, lengths spread over ~10x, tool tokens (mask 0), varied rewards."""
+    generator = torch.Generator().manual_seed(4)
+    trajectories, rewards = [], []
+    for q, prompt in enumerate(([5, 17, 3, 44, 9], [8, 2], [60, 61, 62, 63])):
+        for j in range(4):
+            length = int(torch.randint(3, 40, (1,), generator=generator))
+            response = torch.randint(0, 90, (length,), generator=generator).tolist()
+            mask = [0 if 1 <= k < 3 else 1 for k in range(length)]
+            logprobs = (-torch.rand(length, generator=generator)).tolist()
+            x = Trajectory(MathExample(f"q{q}", "x", "1", "t"), j, prompt, response, mask, response_logprobs=logprobs)
+            trajectories.append(x)
+            rewards.append(float(torch.randint(0, 2, (1,), generator=generator)))
+    return trajectories, torch.tensor(rewards)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"loss_agg": LossAgg.token_mean, "entropy_coef": 0.01},
+        {"loss_agg": LossAgg.seq_mean_token_mean, "epochs_per_batch": 2, "mini_batches": 2, "kl_coef": 0.1},
+    ],
+)
+def test_packed_update_equals_the_padded_update(overrides: dict) -> None:
+    """The whole RL update (old, reference and sampler log-probs, entropy bonus, KL, both aggregations, several
+    mini-batches and epochs): the same metrics and weights to fp32 rounding, padding share 0."""
+    trajectories, rewards = _trajectories()
+    results = []
+    for pack in (False, True):
+        model, ref = tiny_model("qwen2").train(), tiny_model("qwen2").eval()
+        cfg = RetoolConfig()
+        for key, value in overrides.items():
+            setattr(cfg.trainer, key, value)
+        cfg.trainer.micro_batch_tokens, cfg.trainer.pack_sequences = 90, pack
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        plan = StepPlan.of(cfg, resolve_precision(cfg, training=True))
+        metrics = update(
+            plan,
+            model,
+            rollout_batch(trajectories, rewards),
+            optimizer,
+            build_scheduler(optimizer, 0, 1, "constant"),
+            95,
+            ref,
+        )
+        results.append((metrics, model.state_dict()))
+    (padded, padded_weights), (packed, packed_weights) = results
+    assert padded["train/padding_share"] > 0.05 and packed["train/padding_share"] == 0.0
+    # clip fraction, approx. KL and KL to the reference are means over micro-batches, which packing regroups
+    per_micro_batch = ("train/clip_fraction", "train/approx_kl", "train/kl_ref")
+    for key, value in padded.items():
+        if not key.startswith(("time/", "train/padding_share", *per_micro_batch)):
+            assert packed[key] == pytest.approx(value, abs=1e-5, rel=1e-4), key
+    moved = [k for k in padded_weights if not torch.equal(padded_weights[k], tiny_model("qwen2").state_dict()[k])]
+    assert len(moved) > len(padded_weights) // 2
+    assert all(torch.allclose(padded_weights[k], packed_weights[k], atol=1e-5) for k in padded_weights)
