@@ -10,14 +10,17 @@ BIN := $(VENV)/bin
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
 # (open $(SMOKE)/report.html in a browser: curves, results, the SFT/RL comparison, every trajectory).
 # SEED=S runs seed S (its own data split, SFT and RL), e.g. `make smoke smoke-controls SEED=1 SMOKE=outputs/smoke_seed1`.
+# PACK=true trains SFT and RL on packed rows (sft.pack_sequences, trainer.pack_sequences: no padding computed).
 SMOKE ?= outputs/smoke
 ROLLOUT ?= hf
 SEED ?= 0
+PACK ?= false
 smoke: $(VENV)/.installed
 	$(BIN)/retool prepare recipe=dapo_smoke seed=$(SEED) hydra.run.dir=$(SMOKE)/prepare
-	$(BIN)/retool sft recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.resume=false hydra.run.dir=$(SMOKE)/sft
+	$(BIN)/retool sft recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl sft.pack_sequences=$(PACK) \
+	  sft.resume=false hydra.run.dir=$(SMOKE)/sft
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
-	  trainer.init_from=$(SMOKE)/sft trainer.resume=false hydra.run.dir=$(SMOKE)/train
+	  trainer.init_from=$(SMOKE)/sft trainer.pack_sequences=$(PACK) trainer.resume=false hydra.run.dir=$(SMOKE)/train
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/sft eval.resume=false hydra.run.dir=$(SMOKE)/eval_sft
 	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train eval.resume=false hydra.run.dir=$(SMOKE)/eval_rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_rl --out $(SMOKE)

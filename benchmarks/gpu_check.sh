@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the trainer (issue 7): `retool train recipe=dapo_smoke` on CUDA for a few steps with bf16
 # (fp32 master weights, bf16 autocast in the update, bf16 sampling copy), then the same recipe on a
-# Qwen2.5-0.5B-shaped model built from random weights (no download). Prints step time, tokens/s and peak GPU
+# Qwen2.5-0.5B-shaped model built from random weights (no download), padded and packed (trainer.pack_sequences,
+# issue 41: its log-probs against the padded pass's on the GPU first). Prints step time, tokens/s and peak GPU
 # memory per step from each run's metrics.jsonl; copies the metrics to $OUT when that is set.
 #
 #     bash benchmarks/gpu_check.sh [steps] [steps_0.5b]
@@ -48,11 +49,38 @@ EOF
 $RETOOL train recipe=dapo_smoke "${CUDA_BF16[@]}" model.name_or_path="$WORK/q05b" model.max_context_tokens=1024 \
   trainer.total_steps="$STEPS_BIG" hydra.run.dir="$WORK/q05b_train"
 
+# 3. The same with packed rows: first the packed pass against the padded one on this GPU (fp32 and bf16 autocast),
+# then the run.
+python3 - "$WORK/q05b" "$DEVICE" <<'EOF'
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+from retool_cli.rl.logprobs import sequence_logprobs
+
+device = torch.device(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).to(device).train()
+generator = torch.Generator().manual_seed(0)
+prompt = torch.randint(10, 300, (40,), generator=generator).tolist()
+sequences = [prompt + torch.randint(10, 300, (n,), generator=generator).tolist() for n in (300, 30, 120, 7)]
+prompt_lens = [len(prompt)] * len(sequences)
+for bf16 in (False, True):
+    padded, packed = (
+        sequence_logprobs(model, sequences, 0, device, bf16_autocast=bf16, prompt_lens=prompt_lens, shared_prefix=True,
+                          pack=pack)[0]
+        for pack in (False, True)
+    )
+    response = packed != 0
+    print(f"packed vs padded, bf16_autocast={bf16}: max |log-prob difference| "
+          f"{(padded[response] - packed[response]).abs().max().item():.2e} over {int(response.sum())} tokens")
+EOF
+$RETOOL train recipe=dapo_smoke "${CUDA_BF16[@]}" model.name_or_path="$WORK/q05b" model.max_context_tokens=1024 \
+  trainer.pack_sequences=true trainer.total_steps="$STEPS_BIG" hydra.run.dir="$WORK/q05b_packed"
+
 python3 - "$WORK" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
 
-for name in ("smoke", "q05b_train"):
+for name in ("smoke", "q05b_train", "q05b_packed"):
     rows = [json.loads(line) for line in (Path(sys.argv[1]) / name / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows  # the first step includes start-up (CUDA context, first kernels)
     step_s = [r["time/rollout_s"] + r["time/update_s"] for r in later]
@@ -61,9 +89,12 @@ for name in ("smoke", "q05b_train"):
           f"update {statistics.median(r['time/update_s'] for r in later):.2f}); generation "
           f"{statistics.median(r['rollout/gen_tokens_per_s'] for r in later):.0f} tokens/s; peak GPU memory "
           f"{max(r.get('memory/gpu_peak_gib', 0.0) for r in rows):.2f} GiB; mean response "
-          f"{statistics.mean(r.get('rollout/response_tokens', 0.0) for r in rows):.0f} tokens")
+          f"{statistics.mean(r.get('rollout/response_tokens', 0.0) for r in rows):.0f} tokens; padding share "
+          f"{statistics.mean(r['train/padding_share'] for r in rows):.2f}, "
+          f"{statistics.median(r['time/train_tokens_per_s'] for r in later):.0f} trained tokens/s")
 EOF
 if [ -n "${OUT:-}" ]; then
   cp "$WORK/smoke/metrics.jsonl" "$OUT/smoke_metrics.jsonl"
   cp "$WORK/q05b_train/metrics.jsonl" "$OUT/q05b_metrics.jsonl"
+  cp "$WORK/q05b_packed/metrics.jsonl" "$OUT/q05b_packed_metrics.jsonl"
 fi

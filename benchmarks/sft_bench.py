@@ -8,10 +8,13 @@ model's and carries no loss), 64 traces a step, AdamW at lr 2e-3 with 50 warm-up
 gradients clipped at 1.0. TRL gets the same model folder and the same tokenized traces, with `labels` -100
 wherever our loss mask is 0, so both minimise the same token-mean loss; each draws its own random batches of 64
 from the same pool. Ours runs as `retool sft` does (model.accelerate on, as the recipe sets: the traces'
-common system turn once and the LM head only at the model's tokens) and, on its own line, with accelerate off
-(transformers' forward, for the record). TRL runs in its own virtual environment (../shared/bench/README.md);
-without --trl-python only ours runs. Each run is a fresh process; rounds alternate; the first 3 steps of each
-run are warm-up and not counted.
+common system turn once and the LM head only at the model's tokens), packed (sft.pack_sequences: each
+micro-batch one row, no padding; rl/packing.py) and, on its own line, with accelerate off (transformers' forward,
+for the record). TRL runs padded and padding-free (SFTConfig.padding_free: the batch flattened into one row with
+position ids restarting per trace, which transformers' SDPA attention turns into a block-diagonal mask on a
+CPU; TRL's docs name flash-attention for it, which a CPU does not have). TRL runs in its own virtual
+environment (../shared/bench/README.md); without --trl-python only ours runs. Each run is a fresh process;
+rounds alternate; the first 3 steps of each run are warm-up and not counted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from results import add_json_out, paired_ratios, spread, write
 
 WARMUP = 3
+OURS = {  # name: (model.accelerate, sft.pack_sequences)
+    "ours": (True, False),
+    "ours, packed": (True, True),
+    "ours, accelerate off": (False, False),
+}
+TRL = {"TRL SFTTrainer": False, "TRL SFTTrainer, padding-free": True}  # name: padding_free
 
 TRL_SCRIPT = r"""
 import json, statistics, sys, time
@@ -37,7 +46,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-work, steps, warmup = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, steps, warmup, padding_free = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "True"
 rows = [json.loads(line) for line in open(f"{work}/traces.jsonl")]
 tokenizer = AutoTokenizer.from_pretrained(f"{work}/model")
 torch.manual_seed(0)
@@ -64,7 +73,7 @@ args = SFTConfig(
     output_dir=f"{work}/trl_out", per_device_train_batch_size=64, gradient_accumulation_steps=1, max_steps=steps,
     learning_rate=2e-3, lr_scheduler_type="cosine", warmup_steps=50, weight_decay=0.0, max_grad_norm=1.0,
     optim="adamw_torch", logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0, bf16=False,
-    fp16=False, max_length=None, dataloader_num_workers=0, dataset_num_proc=None,
+    fp16=False, max_length=None, dataloader_num_workers=0, dataset_num_proc=None, padding_free=padding_free,
 )
 trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                      callbacks=[clock])
@@ -106,7 +115,7 @@ def write_workload(work: Path, problems: int) -> None:
     shutil.copytree(tiny_model_path(), work / "model")
 
 
-def ours(work: Path, steps: int, accelerate: bool) -> dict:
+def ours(work: Path, steps: int, accelerate: bool, pack: bool) -> dict:
     """`retool sft`'s step (commands/sft.py: batch_loss, clipping, AdamW, the schedule) on the workload."""
     import random
 
@@ -118,7 +127,9 @@ def ours(work: Path, steps: int, accelerate: bool) -> dict:
     from retool_cli.model.precision import resolve_precision
     from retool_cli.rl.optim import build_optimizer, build_scheduler
 
-    config = smoke_sft_config(f"model.name_or_path={work}/model", f"model.accelerate={accelerate}")
+    config = smoke_sft_config(
+        f"model.name_or_path={work}/model", f"model.accelerate={accelerate}", f"sft.pack_sequences={pack}"
+    )
     traces = []
     starts = json.loads((work / "prompt_lengths.json").read_text())
     for line, start in zip((work / "traces.jsonl").read_text().splitlines(), starts, strict=True):
@@ -164,15 +175,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sft-bench-"))
     write_workload(work, args.problems)
     (work / "trl_sft.py").write_text(TRL_SCRIPT)
-    results: dict[str, list[dict]] = {"ours": [], "ours, accelerate off": [], "TRL SFTTrainer": []}
+    results: dict[str, list[dict]] = {name: [] for name in (*OURS, *TRL)}
     for round_index in range(args.rounds):
-        for name, accelerate in (("ours", True), ("ours, accelerate off", False)):
-            results[name].append(
-                run([sys.executable, __file__, "--_ours", str(work), str(args.steps), str(accelerate)])
-            )
-        if args.trl_python:
+        for name, (accelerate, pack) in OURS.items():
+            command = [sys.executable, __file__, "--_ours", str(work), str(args.steps), str(accelerate), str(pack)]
+            results[name].append(run(command))
+        for name, padding_free in TRL.items() if args.trl_python else ():
             script = [args.trl_python, str(work / "trl_sft.py"), str(work), str(args.steps), str(WARMUP)]
-            results["TRL SFTTrainer"].append(run(script))
+            results[name].append(run([*script, str(padding_free)]))
         line = ", ".join(f"{n} {r[-1]['median_s_per_step']:.3f}" for n, r in results.items() if r)
         print(f"round {round_index}: s/step {line}")
     medians = {n: statistics.median(r["median_s_per_step"] for r in runs) for n, runs in results.items() if runs}
@@ -188,13 +198,17 @@ def main() -> None:
     }
     ratios = {}
     if "TRL SFTTrainer" in per_step:
-        ratios["s_per_step_ours_over_trl"] = r = paired_ratios(per_step["ours"], per_step["TRL SFTTrainer"])
-        print(f"ratio ours / TRL = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, {r['n']} rounds)")
+        ratios["s_per_step_ours_over_trl"] = paired_ratios(per_step["ours"], per_step["TRL SFTTrainer"])
+        ratios["s_per_step_ours_packed_over_trl_padding_free"] = paired_ratios(
+            per_step["ours, packed"], per_step["TRL SFTTrainer, padding-free"]
+        )
+        for name, r in ratios.items():
+            print(f"{name} = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}, {r['n']} rounds)")
     write(args.json_out, "sft", quantities, ratios, {"peer": "TRL SFTTrainer" if "TRL SFTTrainer" in per_step else ""})
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--_ours":
-        print(json.dumps(ours(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "True")))
+    if len(sys.argv) == 6 and sys.argv[1] == "--_ours":
+        print(json.dumps(ours(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "True", sys.argv[5] == "True")))
     else:
         main()

@@ -431,7 +431,8 @@ class TrainerConfig:
     pack_sequences: bool = doc(
         False,
         "RL passes without padding: each micro-batch's sequences end to end in one row, attention kept within "
-        "each (rl/packing.py); the same log-probs and gradients to fp32 rounding",
+        "each (rl/packing.py); the same log-probs and gradients to fp32 rounding. With several processes each "
+        "mini-batch's samples are dealt out so that every process trains on about the same tokens",
     )
     advantage: Advantage = doc(Advantage.grpo, "grpo | dr_grpo | rloo (retool_cli/rl/algorithms.py)")
     clip_low: float = doc(0.2, "PPO ratio clip below 1")

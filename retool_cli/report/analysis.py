@@ -25,6 +25,7 @@ CURVES = [
     ("time/sampler_idle_share", "sampler idle (share of the step's wall time)"),
     ("train/padding_share", "padding (share of the positions the loss passes computed)"),
     ("time/train_tokens_per_s", "training throughput (real tokens per second of the update)"),
+    ("train/token_imbalance", "token imbalance (the busiest process's training tokens over the mean)"),
     ("kl", "KL"),
     ("time", "step time (s)"),
     ("eval/accuracy", "dev accuracy (periodic eval)"),

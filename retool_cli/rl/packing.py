@@ -199,3 +199,19 @@ def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: to
         _forward.packed = False
     logits: torch.Tensor = out.logits
     return logits
+
+
+def balanced_ranks(costs: list[int], groups: list[int], world: int) -> list[int]:
+    """The process each sample trains on so that every process gets about the same tokens: whole groups (a GRPO
+    group shares its prompt), largest first, each to the least loaded process (ties: the lower group and rank),
+    the longest-processing-time rule. A function of its arguments alone, so every process computes the same."""
+    group_cost: dict[int, int] = {}
+    for cost, group in zip(costs, groups, strict=True):
+        group_cost[group] = group_cost.get(group, 0) + cost
+    load = [0] * world
+    rank_of: dict[int, int] = {}
+    for group in sorted(group_cost, key=lambda g: (-group_cost[g], g)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        rank_of[group] = rank
+        load[rank] += group_cost[group]
+    return [rank_of[g] for g in groups]

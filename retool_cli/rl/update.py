@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from retool_cli.config import LossAgg
+from retool_cli.rl import packing
 from retool_cli.rl.algorithms import (
     degenerate_groups,
     group_advantages,
@@ -35,6 +36,7 @@ from retool_cli.rl.distributed import (
     equal_count,
     grad_norm,
     is_sharded,
+    world,
 )
 from retool_cli.rl.logprobs import micro_batch_indices, response_mask_matrix, rl_positions, sequence_logprobs
 from retool_cli.rl.step import StepPlan, group_ids, valid_samples
@@ -195,8 +197,11 @@ def optimize(
     t = plan.trainer
     stats = UpdateStats()
     started = time.perf_counter()
+    minis = _split(samples, t.mini_batches)
+    if forward.pack and world()[1] > 1:  # each process about the same real tokens of every mini-batch
+        minis = [_balanced(mini, forward.shared_prefix) for mini in minis]
     for epoch in range(t.epochs_per_batch):
-        for mini in _split(samples, t.mini_batches):
+        for mini in minis:
             # With several processes each holds its share of the batch: the loss is normalised by the tokens
             # and sequences of all of them, and gradients are summed, so N processes match one.
             tokens = all_reduce_sum(sum(sum(mask) for mask in mini.masks))
@@ -266,6 +271,9 @@ def report(prepared: PreparedBatch, stats: UpdateStats, lr: float) -> dict[str, 
     # what padding costs: the share of computed positions that were padding; real tokens per second of the loop
     out["train/padding_share"] = 1 - stats.real_tokens / stats.positions if stats.positions else 0.0
     out["time/train_tokens_per_s"] = stats.real_tokens / stats.seconds if stats.seconds > 0 else 0.0
+    if world()[1] > 1:  # the busiest process's real tokens over the mean (1 = balanced; see pack_sequences)
+        total, most = all_reduce_sum(stats.real_tokens), all_reduce_max(stats.real_tokens)
+        out["train/token_imbalance"] = most * world()[1] / total if total else 1.0
     return out
 
 
@@ -403,6 +411,44 @@ def _split(samples: Samples, parts: int) -> list[Samples]:
     mini-batches as the others, whatever its share of the samples."""
     bounds = [len(samples) * k // parts for k in range(parts + 1)]
     return [samples.index(list(range(bounds[k], bounds[k + 1]))) for k in range(parts)]
+
+
+def _balanced(mini: Samples, shared_prefix: bool) -> Samples:
+    """This process's share of the mini-batch that all processes hold together, re-dealt so that each gets about
+    the same tokens (packing.balanced_ranks; whole GRPO groups when prompts are shared). The loss is normalised
+    by global counts and gradients are summed, so who trains on which sample changes nothing but the wait."""
+    rank, size = world()
+    old, ref = mini.old_logprobs, mini.ref_logprobs
+    mine = [
+        (
+            mini.trajectories[i],
+            float(mini.advantages[i]),
+            mini.masks[i],
+            mini.sampler_logprobs[i].cpu(),
+            None if old is None else old[i].cpu(),
+            None if ref is None else ref[i].cpu(),
+        )
+        for i in range(len(mini))
+    ]
+    shares: list[Any] = [None] * size
+    torch.distributed.all_gather_object(shares, mine)
+    every = [sample for share in shares for sample in share]  # in rank order: the same list on every process
+    first: dict[Any, int] = {}
+    groups = [
+        first.setdefault((x.example.id, tuple(x.prompt_ids)) if shared_prefix else i, len(first))
+        for i, (x, *_) in enumerate(every)
+    ]
+    ranks = packing.balanced_ranks([len(x.token_ids) for x, *_ in every], groups, size)
+    columns = [[sample[k] for sample in every] for k in range(6)]
+    together = Samples(
+        columns[0],
+        torch.tensor(columns[1], dtype=mini.advantages.dtype),
+        columns[2],
+        columns[3],
+        None if old is None else columns[4],
+        None if ref is None else columns[5],
+    )
+    return together.index([i for i, r in enumerate(ranks) if r == rank])
 
 
 def _equalized(groups: list[list[int]], model: torch.nn.Module) -> list[list[int]]:

@@ -270,3 +270,38 @@ def test_a_bf16_sampler_shows_a_gap_that_the_correction_bounds(sft_checkpoint: P
     assert masked["train/mismatch_abs_logprob_diff"] == bf16["train/mismatch_abs_logprob_diff"]  # the same rollouts
     assert bf16["train/grad_norm"] > 0 and masked["train/mismatch_outside_share"] == 1.0
     assert masked["train/grad_norm"] == 0.0
+
+
+def test_packed_sft_and_train_match_the_padded_runs(sft_checkpoint: Path, tmp_path: Path) -> None:
+    """`sft.pack_sequences` gives the shared SFT run's losses with no padding computed; `trainer.pack_sequences`
+    over 2 FSDP2 processes with activation checkpointing gives the padded run's first step (the same rollouts,
+    the same update to fp32 rounding)."""
+    run_retool("sft", *SFT, "sft.pack_sequences=true", "hydra.run.dir=sft_packed", cwd=tmp_path, check=True)
+    packed, padded = metrics_of(tmp_path / "sft_packed"), metrics_of(sft_checkpoint)
+    assert [r["step"] for r in packed] == [r["step"] for r in padded]
+    assert all(r["loss"] == pytest.approx(p["loss"], rel=1e-4) for r, p in zip(packed, padded, strict=True))
+    assert all(r["train/padding_share"] == 0 for r in packed) and any(p["train/padding_share"] > 0 for p in padded)
+    rows = {}
+    for pack in ("true", "false"):
+        run_retool(
+            "train",
+            *TRAIN,
+            "trainer.total_steps=1",
+            "trainer.nproc=2",
+            "trainer.fsdp=true",
+            "trainer.gradient_checkpointing=true",
+            f"trainer.pack_sequences={pack}",
+            f"trainer.init_from={sft_checkpoint}",
+            "trainer.mask_truncated=false",
+            "reward.overlong_buffer_tokens=48",
+            f"hydra.run.dir=train_{pack}",
+            cwd=tmp_path,
+            check=True,
+        )
+        [rows[pack]] = comparable(metrics_of(tmp_path / f"train_{pack}"))
+    assert rows["false"]["train/padding_share"] > 0 == rows["true"]["train/padding_share"]
+    assert rows["true"]["train/grad_norm"] > 0
+    per_micro_batch = ("train/clip_fraction", "train/approx_kl", "train/padding_share")  # packing regroups them
+    for key, value in rows["false"].items():
+        if key not in per_micro_batch and isinstance(value, float):
+            assert rows["true"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

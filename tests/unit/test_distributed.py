@@ -91,7 +91,9 @@ def run_update(
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
         saved = {"weights": weights or model.state_dict(), "loss": stats["train/loss"]}
-        torch.save({**saved, "padding_share": stats["train/padding_share"]}, out)
+        torch.save(
+            {**saved, "padding_share": stats["train/padding_share"], "imbalance": stats["train/token_imbalance"]}, out
+        )
     if world > 1:
         leave_group()
 
@@ -109,7 +111,8 @@ def run_update(
 def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool, pack: bool) -> None:
     """Data parallel (whole model per process, gradients all-reduced) and FSDP2 (sharded parameters, gradients
     reduce-scattered; processes with fewer micro-batches run empty passes) both make one process's update;
-    with packed rows (trainer.pack_sequences) too, against one process's padded update."""
+    with packed rows (trainer.pack_sequences) too, against one process's padded update, each process then
+    training on about the same number of tokens."""
     tiny_model_path()  # build once before the processes start
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     spawn(run_update, (1, str(tmp_path / "init1"), str(one), loss_agg), 1)
@@ -119,6 +122,8 @@ def test_two_processes_equal_one(tmp_path: Path, loss_agg: str, fsdp: bool, pack
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path()).state_dict()
     a, b = torch.load(one), torch.load(two)
     assert a["padding_share"] > 0 and (b["padding_share"] == 0) == pack
+    # the longer question's process trains on more tokens, unless packing deals the samples out by tokens
+    assert a["imbalance"] == 1.0 and (b["imbalance"] < 1.05) == pack and b["imbalance"] < 1.5
     moved = 0
     for name, weight in a["weights"].items():
         assert torch.allclose(weight, b["weights"][name], atol=1e-6), name

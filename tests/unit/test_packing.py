@@ -236,3 +236,21 @@ def test_packed_update_equals_the_padded_update(overrides: dict) -> None:
     moved = [k for k in padded_weights if not torch.equal(padded_weights[k], tiny_model("qwen2").state_dict()[k])]
     assert len(moved) > len(padded_weights) // 2
     assert all(torch.allclose(padded_weights[k], packed_weights[k], atol=1e-5) for k in padded_weights)
+
+
+def test_balanced_ranks_deal_whole_groups_by_tokens() -> None:
+    """Longest-processing-time dealing: whole groups, loads within one group of each other, the same answer on
+    every call (every process computes it on its own)."""
+    generator = torch.Generator().manual_seed(2)
+    costs = torch.randint(60, 600, (24,), generator=generator).tolist()
+    groups = [i // 4 for i in range(24)]  # 6 GRPO groups of 4
+    ranks = packing.balanced_ranks(costs, groups, 2)
+    assert ranks == packing.balanced_ranks(costs, groups, 2)
+    assert all(len({ranks[i] for i in range(24) if groups[i] == g}) == 1 for g in range(6))
+    loads = [sum(c for c, r in zip(costs, ranks, strict=True) if r == rank) for rank in range(2)]
+    largest_group = max(sum(costs[g * 4 : g * 4 + 4]) for g in range(6))
+    assert abs(loads[0] - loads[1]) <= largest_group
+    by_question_order = [sum(costs[:12]), sum(costs[12:])]  # what splitting by question index gives
+    assert abs(loads[0] - loads[1]) <= abs(by_question_order[0] - by_question_order[1])
+    singles = packing.balanced_ranks([10, 9, 8, 1], [0, 1, 2, 3], 2)
+    assert singles == [0, 1, 1, 0]  # 10 -> 0, 9 -> 1, 8 -> 1 (9 < 10), 1 -> 0 (10 < 17)
