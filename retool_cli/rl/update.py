@@ -53,7 +53,7 @@ class Forward:
     bf16_autocast: bool  # matmuls in bfloat16 over fp32 weights
     shared_prefix: bool  # model.accelerate: each GRPO prompt computed once
     temperature: float  # the sampler's (StepPlan.temperature)
-    pack: bool  # trainer.pack_sequences: each micro-batch one packed row, no padding (rl/packing.py)
+    pack: bool = False  # trainer.pack_sequences: each micro-batch one packed row, no padding (rl/packing.py)
 
     @classmethod
     def of(cls, plan: StepPlan, model: torch.nn.Module, pad_id: int) -> Forward:
@@ -243,7 +243,7 @@ def optimize(
             stats.grad_norms.append(grad_norm(norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            stats.losses.append(total)
+            stats.losses.append(all_reduce_sum(total))  # every process's share of the mini-batch's loss
     stats.seconds = time.perf_counter() - started
     return stats
 
@@ -259,7 +259,8 @@ def report(prepared: PreparedBatch, stats: UpdateStats, lr: float) -> dict[str, 
     }
     if stats.kl_refs:
         out["train/kl_ref"] = _mean(stats.kl_refs)
-    out["train/entropy"] = stats.entropy_sum / stats.entropy_tokens if stats.entropy_tokens else 0.0
+    entropy_tokens = all_reduce_sum(stats.entropy_tokens)
+    out["train/entropy"] = all_reduce_sum(stats.entropy_sum) / entropy_tokens if entropy_tokens else 0.0
     out["train/optimizer_steps"] = float(len(stats.losses))  # 0 when every token was masked (all truncated)
     out["train/degenerate_group_rate"] = float(prepared.degenerate.float().mean())
     out["train/void_rate"] = float((~prepared.valid).float().mean())  # left out of the loss: infrastructure failures

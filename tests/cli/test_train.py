@@ -301,7 +301,14 @@ def test_packed_sft_and_train_match_the_padded_runs(sft_checkpoint: Path, tmp_pa
         [rows[pack]] = comparable(metrics_of(tmp_path / f"train_{pack}"))
     assert rows["false"]["train/padding_share"] > 0 == rows["true"]["train/padding_share"]
     assert rows["true"]["train/grad_norm"] > 0
-    per_micro_batch = ("train/clip_fraction", "train/approx_kl", "train/padding_share")  # packing regroups them
-    for key, value in rows["false"].items():
-        if key not in per_micro_batch and isinstance(value, float):
-            assert rows["true"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    # the same rollouts; the metrics over every process equal (packing deals samples out to the processes by
+    # tokens, so what one process saw, such as its clip fraction, differs); the same weights after the update
+    for key in ("train/loss", "train/grad_norm", "train/entropy", "train/mismatch_kl_k3", "reward/mean"):
+        assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key
+    packed, padded = (
+        load_file(tmp_path / f"train_{p}" / "checkpoints" / "step_1" / "model.safetensors") for p in ("true", "false")
+    )
+    # AdamW's first step moves each weight by lr x g / (|g| + eps): the same to rounding, except where g itself is
+    # at rounding level and its sign may differ (then at most 2 lr apart)
+    differences = torch.cat([(packed[k] - padded[k]).abs().flatten() for k in padded])
+    assert (differences < 1e-6).float().mean() > 0.99 and differences.max() <= 2.01e-4

@@ -92,7 +92,7 @@ def run_update(
     if rank == 0:
         saved = {"weights": weights or model.state_dict(), "loss": stats["train/loss"]}
         torch.save(
-            {**saved, "padding_share": stats["train/padding_share"], "imbalance": stats["train/token_imbalance"]}, out
+            {**saved, "padding_share": stats["train/padding_share"], "imbalance": stats.get("train/token_imbalance", 1.0)}, out
         )
     if world > 1:
         leave_group()
