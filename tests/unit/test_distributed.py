@@ -91,9 +91,8 @@ def run_update(
         assert all(torch.equal(gathered[k], weights[k]) for k in weights)
     if rank == 0:
         saved = {"weights": weights or model.state_dict(), "loss": stats["train/loss"]}
-        torch.save(
-            {**saved, "padding_share": stats["train/padding_share"], "imbalance": stats.get("train/token_imbalance", 1.0)}, out
-        )
+        saved |= {"padding_share": stats["train/padding_share"], "imbalance": stats.get("train/token_imbalance", 1.0)}
+        torch.save(saved, out)
     if world > 1:
         leave_group()
 
