@@ -156,10 +156,13 @@ def packed_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return unpacked
+    if kwargs.get("sliding_window") is not None:
+        raise RuntimeError(
+            f"{type(module).__name__} has sliding-window attention layers, which packed rows do not support yet; "
+            "set trainer.pack_sequences=false (sft.pack_sequences=false)"
+        )
     if attention_mask is not None or query.shape[0] != 1:
         raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
-    if kwargs.get("sliding_window") is not None:
-        raise RuntimeError("packed sequences do not support sliding-window attention layers; set pack_sequences=false")
     gqa = query.shape[1] != key.shape[1]
     outs: list[torch.Tensor] = []
     for s in packed_segments:

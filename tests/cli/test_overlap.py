@@ -100,8 +100,10 @@ def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_spe
 ) -> None:
     """k = 1 with partial rollouts, twice, once with random delays everywhere: the same metrics, kept
     trajectories and weights; from step 2 on, the turns after a trajectory's first were sampled by the
-    trainer's own weights (lag 0) and its first turn one version behind, so a step's lag is a mix of both."""
-    partial = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", "rollout.partial=true"]
+    trainer's own weights (lag 0) and its first turn one version behind, so a step's lag is a mix of both.
+    The update trains on packed rows (trainer.pack_sequences): mixed-version batches without padding."""
+    init = f"trainer.init_from={sft_checkpoint}"
+    partial = [init, "trainer.pack_sequences=true", "trainer.max_staleness=1", "rollout.partial=true"]
     partial += ["rollout.max_tokens_per_turn=24"]  # turns short enough that trajectories take several
     steady = train(tmp_path / "steady", *partial)
     train(tmp_path / "shaken", *partial, env=JITTER)
@@ -113,6 +115,7 @@ def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_spe
         assert r["rollout/tokens_lag_0"] > 0 and r["rollout/tokens_lag_1"] > 0
         assert 0 < r["rollout/staleness_mean"] < 1 and r["rollout/staleness_max"] == 1
     assert steady[0]["rollout/staleness_max"] == 0  # step 1: version 0 is the trainer's own
+    assert all(r["train/padding_share"] == 0 for r in steady)
 
     whole = train(tmp_path / "whole", *partial[:-2], "rollout.max_tokens_per_turn=24")
     assert comparable(whole)[0] == comparable(steady)[0]  # step 1 cannot be partial: one version exists

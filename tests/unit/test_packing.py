@@ -254,3 +254,29 @@ def test_balanced_ranks_deal_whole_groups_by_tokens() -> None:
     assert abs(loads[0] - loads[1]) <= abs(by_question_order[0] - by_question_order[1])
     singles = packing.balanced_ranks([10, 9, 8, 1], [0, 1, 2, 3], 2)
     assert singles == [0, 1, 1, 0]  # 10 -> 0, 9 -> 1, 8 -> 1 (9 < 10), 1 -> 0 (10 < 17)
+
+
+def test_a_model_that_drops_the_segments_is_refused_not_trained_wrongly() -> None:
+    """A decoder whose attention does not receive the forward's keyword arguments would attend across the
+    whole row: the packed forward raises instead, naming the setting to turn off."""
+    model = tiny_model("llama")
+    for layer in model.model.layers:
+        own = layer.self_attn.forward
+        layer.self_attn.forward = lambda *a, _own=own, **k: _own(
+            *a, **{n: v for n, v in k.items() if n != "packed_segments"}
+        )
+    with pytest.raises(RuntimeError, match=r"trainer.pack_sequences=false"):
+        sequence_logprobs(model, [[1, 2, 3], [4, 5]], 0, CPU, pack=True)
+    sequence_logprobs(model, [[1, 2, 3], [4, 5]], 0, CPU)  # the padded pass still runs
+
+
+def test_sliding_window_layers_are_refused() -> None:
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=0,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(RuntimeError, match=r"sliding-window .* trainer.pack_sequences=false"):
+        sequence_logprobs(model, [[1, 2, 3, 4, 5, 6], [4, 5]], 0, CPU, pack=True)
