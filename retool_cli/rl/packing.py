@@ -164,16 +164,21 @@ def packed_attention(
     if attention_mask is not None or query.shape[0] != 1:
         raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
     gqa = query.shape[1] != key.shape[1]
+    # split, not sliced: the backward of a split is one concatenation, where each slice's would add a
+    # full-length zero tensor
+    sizes = [s.end - s.start for s in packed_segments]
+    queries, keys, values = (x.split(sizes, dim=2) for x in (query, key, value))
+    chunk_at = {s.start: i for i, s in enumerate(packed_segments)}  # a shared prompt is a segment of its own
     outs: list[torch.Tensor] = []
-    for s in packed_segments:
-        q, k, v = query[:, :, s.start : s.end], key[:, :, s.start : s.end], value[:, :, s.start : s.end]
+    for i, s in enumerate(packed_segments):
+        q, k, v = queries[i], keys[i], values[i]
         if s.prefix_end == s.prefix_start:
             out = F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
             )
         else:  # a response over its shared prompt: all of the prompt, then causal over itself
-            k = torch.cat([key[:, :, s.prefix_start : s.prefix_end], k], dim=2)
-            v = torch.cat([value[:, :, s.prefix_start : s.prefix_end], v], dim=2)
+            prompt = chunk_at[s.prefix_start]
+            k, v = torch.cat([keys[prompt], k], dim=2), torch.cat([values[prompt], v], dim=2)
             n, p = s.end - s.start, s.prefix_end - s.prefix_start
             causal = torch.ones((n, n), dtype=torch.bool, device=q.device).tril()
             allowed = torch.cat([torch.ones((n, p), dtype=torch.bool, device=q.device), causal], dim=1)  # (n, p + n)
