@@ -26,10 +26,10 @@ CONFIGS = {
 VOCAB, EOS, PAD = 97, 96, 95
 
 
-def tiny_model(kind: str) -> torch.nn.Module:
+def tiny_model(kind: str, vocab_size: int = VOCAB) -> torch.nn.Module:
     torch.manual_seed(0)
     config = CONFIGS[kind](
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,

@@ -20,49 +20,11 @@ from retool_cli.rl.optim import build_scheduler
 from retool_cli.rl.step import StepPlan, rollout_batch
 from retool_cli.rl.update import update
 from retool_cli.rollout.agent import Trajectory
-from tests.unit.test_hf_engine import CONFIGS, tiny_model
-from tests.unit.test_trainer import _grouped_sequences, _sft_traces
+from tests.unit.test_hf_engine import tiny_model
+from tests.unit.test_trainer import _grouped_sequences, _loss_and_grads, _sft_traces
 
 CPU = torch.device("cpu")
 REAL_VOCAB = 151_665  # len(Qwen2.5's tokenizer): ../shared/tokenizers/README.md
-
-
-def real_vocab_model(kind: str) -> torch.nn.Module:
-    """A tiny decoder with a real model's vocabulary (the LM head is most of its compute)."""
-    torch.manual_seed(0)
-    config = CONFIGS[kind](
-        vocab_size=REAL_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=False,
-    )
-    return AutoModelForCausalLM.from_config(config).train()
-
-
-def loss_and_grads(model, sequences, prompt_lens, shared: bool, pack: bool):
-    """Response log-probs and entropies of one pass, and the gradients of a loss of both."""
-    model.zero_grad()
-    logp, _, entropy = sequence_logprobs(
-        model,
-        sequences,
-        95,
-        CPU,
-        temperature=0.8,
-        entropy="loss",
-        prompt_lens=prompt_lens,
-        shared_prefix=shared,
-        pack=pack,
-    )
-    response = torch.zeros_like(logp)
-    for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
-        response[i, start - 1 : len(seq) - 1] = 1
-    ((logp * response).sum() + 0.1 * (entropy * response).sum()).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return (logp * response).detach(), (entropy * response).detach(), grads
 
 
 def assert_same_pass(padded, packed, atol: float = 1e-5) -> None:
@@ -79,8 +41,8 @@ def test_packed_pass_equals_the_padded_pass(kind: str, shared: bool) -> None:
     with each prompt once when shared (model.accelerate) or whole sequences end to end."""
     model = tiny_model(kind).train()
     sequences, prompt_lens = _grouped_sequences(0)
-    padded = loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
-    packed = loss_and_grads(model, sequences, prompt_lens, shared=shared, pack=True)
+    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    packed = _loss_and_grads(model, sequences, prompt_lens, shared=shared, pack=True)
     assert len(padded[2]) == len(list(model.parameters()))
     assert_same_pass(padded, packed)
     assert model.config._attn_implementation == "retool_packed:sdpa"
@@ -88,14 +50,14 @@ def test_packed_pass_equals_the_padded_pass(kind: str, shared: bool) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_packed_pass_with_a_real_vocabulary(kind: str) -> None:
-    model = real_vocab_model(kind)
+    model = tiny_model(kind, vocab_size=REAL_VOCAB).train()
     generator = torch.Generator().manual_seed(1)
     sequences = [torch.randint(0, REAL_VOCAB, (n,), generator=generator).tolist() for n in (23, 4, 11, 9)]
     sequences[1] = sequences[0][:3] + sequences[1]  # a prompt shared with the first
     prompt_lens = [3, 3, 5, 2]
     assert_same_pass(
-        loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False),
-        loss_and_grads(model, sequences, prompt_lens, shared=True, pack=True),
+        _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False),
+        _loss_and_grads(model, sequences, prompt_lens, shared=True, pack=True),
     )
 
 
@@ -132,8 +94,8 @@ def test_packed_pass_through_lora_with_gradient_checkpointing_and_bf16() -> None
     for name, p in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)  # non-zero adapters, so that they change the logits
-    padded = loss_and_grads(policy, sequences, prompt_lens, shared=False, pack=False)
-    packed = loss_and_grads(policy, sequences, prompt_lens, shared=True, pack=True)
+    padded = _loss_and_grads(policy, sequences, prompt_lens, shared=False, pack=False)
+    packed = _loss_and_grads(policy, sequences, prompt_lens, shared=True, pack=True)
     assert padded[2] and all("lora_" in n for n in padded[2])
     assert_same_pass(padded, packed)
     mixed = [

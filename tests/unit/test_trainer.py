@@ -120,7 +120,8 @@ def _grouped_sequences(seed: int) -> tuple[list[list[int]], list[int]]:
     return sequences, prompt_lens
 
 
-def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
+def _loss_and_grads(model, sequences, prompt_lens, shared: bool, pack: bool = False):
+    """Response log-probs and entropies of one pass, and the gradients of a loss of both."""
     model.zero_grad()
     logp, _, entropy = sequence_logprobs(
         model,
@@ -131,6 +132,7 @@ def _loss_and_grads(model, sequences, prompt_lens, shared: bool):
         entropy="loss",
         prompt_lens=prompt_lens,
         shared_prefix=shared,
+        pack=pack,
     )
     response = torch.zeros_like(logp)
     for i, (seq, start) in enumerate(zip(sequences, prompt_lens, strict=True)):
