@@ -82,7 +82,7 @@ BENCHMARKS = [
         ["--repeats", "1", "--steps", "2", "--questions", "2", "--tail", "0.01", "1", "0.1"],
         ["smoke_sft"],
     ),
-    Benchmark("packing", "packing_bench.py", [], ["--rounds", "1", "--questions", "2", "--group", "2"]),
+    Benchmark("packing", "packing_bench.py", ["--rounds", "7"], ["--rounds", "1", "--questions", "2", "--group", "2"]),
     Benchmark("train", "train_bench.py", [], ["--rounds", "1", "--steps", "3"], ["bench_dir"], peer="trl"),
     Benchmark("sft", "sft_bench.py", [], ["--rounds", "1", "--steps", "4", "--problems", "400"], peer="trl"),
     Benchmark("report", "report_bench.py", [], ["--problems", "10", "--samples", "4"], ["browser"]),
