@@ -57,10 +57,6 @@ class PackedRow:
     segments: tuple[Segment, ...]  # contiguous, in row order, covering [0, T)
     where: list[torch.Tensor]  # per sequence (len,): the row position of each of its tokens
 
-    @property
-    def length(self) -> int:
-        return int(self.input_ids.shape[1])
-
 
 def pack(sequences: list[list[int]], prompt_lens: list[int] | None = None) -> PackedRow:
     """The sequences end to end; with `prompt_lens`, each distinct prompt once (its first occurrence) and every
