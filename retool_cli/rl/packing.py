@@ -140,14 +140,14 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention within each segment of a packed row (B = 1); (1, T, H, D) like transformers' functions."""
     if packed_segments is None:  # not a packed forward: the model's own attention
-        own = str(module.config._attn_implementation).removeprefix(f"{NAME}:")
-        eager = sys.modules[type(module).__module__].eager_attention_forward  # the modeling file's own
-        function = ALL_ATTENTION_FUNCTIONS.get_interface(own, eager)
         if getattr(_forward, "packed", False):  # a packed forward whose model dropped the segments on the way
             raise RuntimeError(
                 f"{type(module).__name__} does not pass attention keyword arguments through its forward, so its "
                 "sequences cannot be packed; set trainer.pack_sequences=false (sft.pack_sequences=false)"
             )
+        own = str(module.config._attn_implementation).removeprefix(f"{NAME}:")
+        eager = sys.modules[type(module).__module__].eager_attention_forward  # the modeling file's own
+        function = ALL_ATTENTION_FUNCTIONS.get_interface(own, eager)
         unpacked: tuple[torch.Tensor, None] = function(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

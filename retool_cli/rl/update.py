@@ -272,9 +272,10 @@ def report(prepared: PreparedBatch, stats: UpdateStats, lr: float) -> dict[str, 
     # what padding costs: the share of computed positions that were padding; real tokens per second of the loop
     out["train/padding_share"] = 1 - stats.real_tokens / stats.positions if stats.positions else 0.0
     out["time/train_tokens_per_s"] = stats.real_tokens / stats.seconds if stats.seconds > 0 else 0.0
-    if world()[1] > 1:  # the busiest process's real tokens over the mean (1 = balanced; see pack_sequences)
+    processes = world()[1]
+    if processes > 1:  # the busiest process's real tokens over the mean (1 = balanced; see pack_sequences)
         total, most = all_reduce_sum(stats.real_tokens), all_reduce_max(stats.real_tokens)
-        out["train/token_imbalance"] = most * world()[1] / total if total else 1.0
+        out["train/token_imbalance"] = most * processes / total if total else 1.0
     return out
 
 
@@ -419,36 +420,38 @@ def _balanced(mini: Samples, shared_prefix: bool) -> Samples:
     the same tokens (packing.balanced_ranks; whole GRPO groups when prompts are shared). The loss is normalised
     by global counts and gradients are summed, so who trains on which sample changes nothing but the wait."""
     rank, size = world()
-    old, ref = mini.old_logprobs, mini.ref_logprobs
-    mine = [
-        (
-            mini.trajectories[i],
-            float(mini.advantages[i]),
-            mini.masks[i],
-            mini.sampler_logprobs[i].cpu(),
-            None if old is None else old[i].cpu(),
-            None if ref is None else ref[i].cpu(),
-        )
-        for i in range(len(mini))
-    ]
+
+    def on_cpu(rows: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+        return None if rows is None else [row.cpu() for row in rows]
+
+    mine = Samples(
+        mini.trajectories,
+        mini.advantages.cpu(),
+        mini.masks,
+        mini.sampler_logprobs,
+        on_cpu(mini.old_logprobs),
+        on_cpu(mini.ref_logprobs),
+    )
     shares: list[Any] = [None] * size
-    torch.distributed.all_gather_object(shares, mine)
-    every = [sample for share in shares for sample in share]  # in rank order: the same list on every process
+    torch.distributed.all_gather_object(shares, mine)  # in rank order: the same list on every process
+
+    def joined(name: str) -> Any:
+        return None if getattr(mine, name) is None else [row for share in shares for row in getattr(share, name)]
+
+    together = Samples(
+        joined("trajectories"),
+        torch.cat([share.advantages for share in shares]),
+        joined("masks"),
+        joined("sampler_logprobs"),
+        joined("old_logprobs"),
+        joined("ref_logprobs"),
+    )
     first: dict[Any, int] = {}
     groups = [
         first.setdefault((x.example.id, tuple(x.prompt_ids)) if shared_prefix else i, len(first))
-        for i, (x, *_) in enumerate(every)
+        for i, x in enumerate(together.trajectories)
     ]
-    ranks = packing.balanced_ranks([len(x.token_ids) for x, *_ in every], groups, size)
-    columns = [[sample[k] for sample in every] for k in range(6)]
-    together = Samples(
-        columns[0],
-        torch.tensor(columns[1], dtype=mini.advantages.dtype),
-        columns[2],
-        columns[3],
-        None if old is None else columns[4],
-        None if ref is None else columns[5],
-    )
+    ranks = packing.balanced_ranks([len(x.token_ids) for x in together.trajectories], groups, size)
     return together.index([i for i, r in enumerate(ranks) if r == rank])
 
 
