@@ -1,7 +1,8 @@
 """Overlapped training (trainer.max_staleness=1, rl/overlap.py), without and with partial rollouts
-(rollout.partial), against the synchronous trainer (0), side by side: the real `retool train` loop, in a fresh
-process per run, on the same checkpoint, questions and seeds, the three runs in a rotating order within each
-repeat (a ratio per repeat).
+(rollout.partial), with the sampler's engine in threads of the trainer (colocated) or in a process of its own
+(rollout.placement=separate), against the synchronous trainer (0), side by side: the real `retool train` loop,
+in a fresh process per run, on the same checkpoint, questions and seeds, the runs in a rotating order within
+each repeat (a ratio per repeat).
 
     python benchmarks/overlap_bench.py [--checkpoint outputs/smoke/sft] [--repeats 3] [--steps 6]
 
@@ -10,7 +11,8 @@ checkpoint, 4 questions x 8, the real sandbox), and a long tail: a policy that c
 times (rollout_bench's multi-call SFT, built once), --questions questions x 8, a Pareto latency added to every
 interpreter call (rollout_bench.LongTail: drawn from a hash of the code, so both runs meet the same latencies
 for the same calls). Reported per run: wall seconds per step over steps 2.. (step 1 cannot overlap), the
-trainer's and the sampler's idle shares, and k=1 / k=0 (k1, k1_partial) per repeat.
+trainer's and the sampler's idle shares, the seconds per step spent loading weights into the sampler's engines
+(separate: the gloo broadcasts), and each arm / k=0 per repeat.
 """
 
 from __future__ import annotations
@@ -62,9 +64,8 @@ def one_run(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         command.train(config, Path(run_dir), config_key(config), 0, 1)
     per_step = [b - a for a, b in itertools.pairwise(logged)]  # steps 2..: what overlap can change
-    shares = {
-        k: statistics.mean(r[f"time/{k}"] for r in rows[1:]) for k in ("trainer_idle_share", "sampler_idle_share")
-    }
+    timed = ("trainer_idle_share", "sampler_idle_share", "weight_transfer_s")  # k = 0 logs none of them
+    shares = {k: statistics.mean(r.get(f"time/{k}", 0.0) for r in rows[1:]) for k in timed}
     return {"s_per_step": statistics.mean(per_step), **shares, "rows": len(rows)}
 
 
@@ -72,6 +73,9 @@ ARMS = {  # the runs compared, by the overrides that make them
     "k0": ["trainer.max_staleness=0"],
     "k1": ["trainer.max_staleness=1"],
     "k1_partial": ["trainer.max_staleness=1", "rollout.partial=true"],
+    # an engine process on one core, the trainer on the other (rollout.engine_threads=1 of this machine's 2)
+    "k1_separate": ["trainer.max_staleness=1", "rollout.placement=separate"],
+    "k1_partial_separate": ["trainer.max_staleness=1", "rollout.partial=true", "rollout.placement=separate"],
 }
 
 
@@ -109,9 +113,10 @@ def main() -> None:
                 print(f"{name} repeat {r} {arm}: {runs[arm][-1]['s_per_step']:.2f} s/step", flush=True)
         for arm, got in runs.items():
             quantities[f"{name}/{arm}_s_per_step"] = spread([g["s_per_step"] for g in got])
-            for share in ("trainer_idle_share", "sampler_idle_share"):
-                quantities[f"{name}/{arm}_{share}"] = spread([g[share] for g in got])
-        for arm in ("k1", "k1_partial"):
+            for share in ("trainer_idle_share", "sampler_idle_share", "weight_transfer_s"):
+                if arm != "k0":
+                    quantities[f"{name}/{arm}_{share}"] = spread([g[share] for g in got])
+        for arm in [*ARMS][1:]:
             r = ratios[f"{name}/s_per_step_{arm}_over_k0"] = paired_ratios(
                 [g["s_per_step"] for g in runs[arm]], [g["s_per_step"] for g in runs["k0"]]
             )

@@ -178,6 +178,11 @@ class RolloutEngine(enum.Enum):
     vllm = "vllm"  # vLLM offline engine (optional extra)
 
 
+class RolloutPlacement(enum.Enum):  # trainer.max_staleness > 0: where the sampler's engines run
+    colocated = "colocated"  # threads of the trainer's process, on its devices and cores (rl/overlap.py)
+    separate = "separate"  # processes of their own, weights sent by broadcast (rollout/engine_process.py)
+
+
 # `async` is a Python keyword: the functional form gives the member that name (Hydra converts by name).
 RolloutLoop = enum.Enum("RolloutLoop", [("auto", "auto"), ("async", "async"), ("turns", "turns")])
 
@@ -260,6 +265,25 @@ class RolloutConfig:
         "later turns start only after that update (README, Overlapped training)",
     )
     partial_turns: int = doc(1, "rollout.partial: the turns each trajectory samples with its batch's own weights")
+    placement: RolloutPlacement = doc(
+        RolloutPlacement.colocated,
+        "with trainer.max_staleness >= 1, where the sampler's engines run: colocated = threads of the trainer's "
+        "process, sharing its cores; separate = rollout.engine_processes processes of their own, each on "
+        "rollout.engine_threads cores (the trainer keeps the rest), the weights sent to them by gloo broadcasts in "
+        "buckets (time/weight_transfer_s). The same tokens either way (README, Overlapped training)",
+    )
+    engine_processes: int = doc(1, "rollout.placement=separate: engine processes; the batches in flight are dealt out")
+    engine_threads: int = doc(
+        1, "rollout.placement=separate: torch's CPU threads in each engine process (taken from the trainer's)"
+    )
+    engine_restarts: int = doc(
+        2,
+        "rollout.placement=separate: how many times a run restarts an engine process that died (its weights sent "
+        "again, its request repeated: the same tokens) before it stops with an error",
+    )
+    weight_bucket_mb: float = doc(
+        64.0, "rollout.placement=separate: the weights go to an engine process in broadcasts of about this size"
+    )
     trajectory_timeout_s: float = doc(
         1800.0,
         "a trajectory still running this long after its batch started stops (stop reason `deadline`) and is "
@@ -317,11 +341,15 @@ class RolloutConfig:
             "max_tool_result_tokens",
             "error_tail_lines",
             "partial_turns",
+            "engine_processes",
+            "engine_threads",
         ):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
         per_turn = self.max_tokens_per_turn
         _check(per_turn is None or per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1 (or null)")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
+        _check(self.engine_restarts >= 0, "rollout.engine_restarts", "must be >= 0")
+        _check(self.weight_bucket_mb > 0, "rollout.weight_bucket_mb", "must be > 0")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
         _check(self.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1")
         _check(
@@ -983,6 +1011,13 @@ class RetoolConfig:
                 "rollout.loop",
                 f"{self.rollout.loop.value}: partial rollouts (rollout.partial) switch weights between turns, which "
                 "the turns loop keeps aligned across a batch; use rollout.loop=turns (or auto with the hf engine)",
+            )
+        if self.rollout.placement is RolloutPlacement.separate:
+            _check(
+                t.max_staleness >= 1,
+                "rollout.placement",
+                "separate puts the overlapped sampler's engines in processes of their own: it needs "
+                "trainer.max_staleness >= 1 (with 0, sampling and update take turns on the trainer's engine)",
             )
         if t.max_staleness == 0:
             return

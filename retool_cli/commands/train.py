@@ -20,7 +20,7 @@ from rich.progress import Progress
 
 from retool_cli import run_lock, stops
 from retool_cli.checkpoint_paths import latest_checkpoint, record_of
-from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine
+from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine, RolloutPlacement
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
@@ -50,6 +50,7 @@ from retool_cli.rl.overlap import Pipeline
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
 from retool_cli.rl.update import update
 from retool_cli.rollout import build_engine
+from retool_cli.rollout.engine_process import engine_processes
 from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
@@ -283,7 +284,28 @@ def overlapped_sampling(
     # once update s - 1 - k is done, while steps s - k .. s - 1 still sample); dynamic sampling: one, since a
     # batch's data cursor is known only when the batch before it ends
     slots = 1 if t.dynamic_sampling else t.max_staleness + 1
-    engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
+    with contextlib.ExitStack() as stack:
+        if config.rollout.placement is RolloutPlacement.separate:
+            engines: list[Engine] = stack.enter_context(engine_processes(config, precision, model, rt.tokenizer, slots))
+        else:
+            engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
+        yield stack.enter_context(sample_ahead(config, plan, examples, rt, model, engines, start, cursor, pending))
+
+
+@contextlib.contextmanager
+def sample_ahead(
+    config: RetoolConfig,
+    plan: StepPlan,
+    examples: list,
+    rt: Runtime,
+    model: Any,
+    engines: list[Engine],
+    start: int,
+    cursor: int,
+    pending: list,
+) -> Iterator[Pipeline]:
+    """The sampler's pipeline over `engines`, its first weights published."""
+    t = config.trainer
 
     def sample(step: int, cursor: int, engine: Engine, weights_for_turn: Callable[[int], int]) -> tuple[Any, int]:
         pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)

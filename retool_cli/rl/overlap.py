@@ -169,7 +169,8 @@ class Pipeline:
         self.idle_since: float | None = time.monotonic()
         self.trainer_wait_s = 0.0  # the trainer's time waiting for batches
         self.weights_wait_s = 0.0  # batches' time waiting for their tail version (partial rollouts)
-        self.last_report = (time.monotonic(), 0.0, 0.0, 0.0)  # (when, trainer wait, sampler idle, weights wait)
+        self.transfer_s = 0.0  # engines' time loading weights (separate placement: the broadcasts)
+        self.last_report = (time.monotonic(), 0.0, 0.0, 0.0, 0.0)  # when, then the four times above
         self.first = start + 1 + len(pending)
         self.thread = threading.Thread(target=self._dispatch, name="retool-sampler", daemon=True)
 
@@ -233,7 +234,11 @@ class Pipeline:
             def weights_for_turn(turn: int) -> int:
                 want = turn_version(step, self.k, turn, self.partial_turns)
                 if self.loaded[engine] != want:
-                    self.engines[engine].update_weights(snapshot if want == version else self._published(want))
+                    weights = snapshot if want == version else self._published(want)
+                    loading = time.perf_counter()
+                    self.engines[engine].update_weights(weights)
+                    with self.cond:
+                        self.transfer_s += time.perf_counter() - loading
                     self.loaded[engine] = want
                 return want
 
@@ -341,15 +346,16 @@ class Pipeline:
         with self.cond:  # one clock reading for the idle time and the wall time
             now = time.monotonic()
             idle = self.idle_s + (now - self.idle_since if self.idle_since is not None else 0.0)
-            weights_wait = self.weights_wait_s
-        when, waited, idled, weights_waited = self.last_report
-        self.last_report = (now, self.trainer_wait_s, idle, weights_wait)
+            weights_wait, transfer = self.weights_wait_s, self.transfer_s
+        when, waited, idled, weights_waited, transferred = self.last_report
+        self.last_report = (now, self.trainer_wait_s, idle, weights_wait, transfer)
         wall = max(now - when, 1e-9)
         return {
             **staleness_metrics(step, self.k, batch),
             "time/trainer_idle_share": (self.trainer_wait_s - waited) / wall,
             "time/sampler_idle_share": (idle - idled) / wall,
             "time/sampler_weights_wait_s": weights_wait - weights_waited,  # batches waiting for tail versions
+            "time/weight_transfer_s": transfer - transferred,  # weights loaded into the sampler's engines
             "time/step_wall_s": wall,  # since the last step's metrics (rollout_s and update_s overlap)
         }
 

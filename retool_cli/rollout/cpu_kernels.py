@@ -20,8 +20,16 @@ import numpy as np
 
 
 def use_threads(count: int) -> None:
-    """Run `attend`'s rows on `count` threads (as many as torch uses), within numba's own limit."""
+    """Run `attend`'s rows on `count` threads (as many as torch uses), within numba's own limit. Loading numba's
+    OpenMP threading layer (on the first call) sets the process's OpenMP thread count to every core, torch's
+    included: torch's own count is put back, or a run set to fewer threads (OMP_NUM_THREADS, an engine process
+    of rollout.placement=separate) would compute on more from its first decode on."""
+    import torch
+
+    torch_threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(count, numba.config.NUMBA_NUM_THREADS)))
+    if torch.get_num_threads() != torch_threads:  # only then: setting it resets more than the count (MKL's)
+        torch.set_num_threads(torch_threads)
 
 
 # fastmath without the no-inf/no-NaN assumptions: masked positions score -inf. The attention kernel may

@@ -172,6 +172,11 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),
         (["rollout.partial=true", "trainer.max_staleness=1", "rollout.loop=async"], "rollout.loop: async: partial"),
         (["rollout.partial_turns=0"], "rollout.partial_turns: must be >= 1"),
+        (["rollout.placement=separate"], "rollout.placement: separate puts the overlapped sampler's engines"),
+        (["rollout.engine_processes=0"], "rollout.engine_processes: must be >= 1"),
+        (["rollout.engine_threads=0"], "rollout.engine_threads: must be >= 1"),
+        (["rollout.engine_restarts=-1"], "rollout.engine_restarts: must be >= 0"),
+        (["rollout.weight_bucket_mb=0"], "rollout.weight_bucket_mb: must be > 0"),
     ],
 )
 def test_precision_lora_and_fsdp_options_fail_before_any_work(overrides: list[str], message: str) -> None:

@@ -5,7 +5,9 @@ kept trajectories and weights (its checkpoints keep the batches sampled ahead)."
 
 from __future__ import annotations
 
+import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.cli.test_stops import resume_line, rows_of, signal_when
-from tests.helpers import TINY, die_after, read_jsonl, run_retool
+from tests.helpers import TINY, alive, die_after, read_jsonl, run_retool
 from tests.helpers import comparable as timeless
 
 STEPS = 4
@@ -123,19 +125,25 @@ def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_spe
     assert all(r["rollout/staleness_mean"] == r["rollout/staleness_max"] for r in whole)
 
 
+PARTIAL = ["rollout.partial=true", "rollout.max_tokens_per_turn=24"]
+# engine processes of their own, the weights sent in many buckets (a kill mid-transfer falls between two)
+SEPARATE = ["rollout.placement=separate", "rollout.weight_bucket_mb=0.05"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the trainer's and every engine's: the same arithmetic in each placement
+
+
 @pytest.mark.parametrize(
-    ("when", "partial"),
-    [("step:2", False), ("update:3", False), ("sampling:4", False), ("update:3", True)],
-    ids=["step:2", "update:3", "sampling:4", "update:3-partial"],
+    ("when", "variant"),
+    [("step:2", []), ("update:3", []), ("sampling:4", []), ("update:3", PARTIAL), ("transfer:3", SEPARATE)],
+    ids=["step:2", "update:3", "sampling:4", "update:3-partial", "transfer:3-separate"],
 )
 def test_overlapped_training_resumes_exactly_after_sigkill(
-    sft_checkpoint: Path, tmp_path: Path, when: str, partial: bool
+    sft_checkpoint: Path, tmp_path: Path, when: str, variant: list[str]
 ) -> None:
     """k = 2, killed after step 2's checkpoint (which keeps the batches of steps 3 and 4, sampled ahead), as
     update 3 starts, or as the sampler starts step 4's batch (during update 1 or 2); with partial rollouts
-    too: the same command ends with the uninterrupted run's metrics, kept trajectories and weights."""
-    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=2"]
-    extra += ["rollout.partial=true", "rollout.max_tokens_per_turn=24"] if partial else []
+    too; with engine processes, in the middle of the third weight transfer: the same command ends with the
+    uninterrupted run's metrics, kept trajectories and weights."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=2", *variant]
     whole = train(tmp_path / "whole", *extra)
     assert [r["rollout/behaviour_version"] for r in whole] == [0, 0, 0, 1]
     broken = tmp_path / "broken"
@@ -161,3 +169,52 @@ def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint:
     run_retool(*resume_line(result, signal.SIGTERM), cwd=tmp_path, check=True)
     assert comparable(rows_of(run)) == comparable(whole)
     assert same_weights(weights(run), weights(tmp_path / "whole"))
+
+
+def engine_pids(stderr: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"engine process \d+ started \(pid (\d+)\)", stderr)]
+
+
+def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint: Path, tmp_path: Path) -> None:
+    """k = 1 with partial rollouts: the sampler's engines in threads of the trainer (colocated), in one engine
+    process with random delays in the tools, the engine process and the update, and in two engine processes
+    of which one is killed at its third request (restarted, its weights sent again, the request repeated):
+    the same metrics, kept trajectories and weights; the weights reach the engines by broadcast, timed."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL]
+    colocated = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
+    separate = train(tmp_path / "separate", *extra, *SEPARATE, env={**ONE_THREAD, **JITTER})
+    assert_same_run(tmp_path / "separate", tmp_path / "colocated")
+    assert all(r["time/weight_transfer_s"] > 0 for r in separate)
+    assert max(r["rollout/partial_share"] for r in colocated) > 0  # partial rollouts did load newer weights
+
+    two = tmp_path / "two"
+    two.mkdir()
+    args = [*ARGS, *extra, *SEPARATE, "rollout.engine_processes=2", "hydra.run.dir=run"]
+    result = run_retool(*args, cwd=two, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "engine:3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert len(engine_pids(said)) == 4, said[-3000:]  # two, and the two restarted
+    assert "restarting it and sending its weights again" in said
+    assert_same_run(two, tmp_path / "colocated")
+    assert not alive(engine_pids(said))
+
+
+def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_path: Path) -> None:
+    """No restart left: the run stops (no hang) with an error naming the process and the setting, and no
+    engine process outlives it; nor one outlives a trainer killed in the middle of a weight transfer."""
+    args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_restarts=0"]
+    result = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "engine:2"}, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert "engine process 0" in said and "rollout.engine_restarts" in said
+    assert "Traceback" not in said
+    assert not alive(engine_pids(said))
+
+    killed = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "transfer:2"}, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    pids = engine_pids(killed.stdout + killed.stderr)
+    assert pids
+    deadline = time.monotonic() + 10  # an orphan notices its parent is gone within a second or two
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pids)

@@ -1,0 +1,399 @@
+"""rollout.placement=separate: the overlapped sampler's engines (rl/overlap.py) in processes of their own, each
+on its own cores (rollout.engine_threads) and so out of the trainer's way, with the weights shipped from the
+trainer by torch.distributed broadcasts in buckets (gloo; the trainer is rank 0 of a two-process group with each
+engine process).
+
+    trainer process                                       engine process p (spawned)
+      EngineSlot(p, i).update_weights(snapshot)
+        --("load", i, layout)-->                            receives each bucket: one flat tensor in the sampling
+        broadcast bucket 1 .. n ======================>     dtype, copied into slot i's model
+        <--("ok", seconds)--
+      EngineSlot(p, i).generate(prompts, ...)
+        --("generate", i, ...)-->                           HFEngine(slot i's model).generate
+        <--("ok", generations)--
+
+An engine process holds one model per slot (a batch in flight: rl/overlap.py runs up to k + 1 of them, each with
+its own weight version) and serves one request at a time; slots are dealt out over rollout.engine_processes
+processes. A request's tokens depend on its prompt, seed and weights alone (rollout/hf_engine.py), so which process
+serves which slot, and how many there are, changes the wall time and nothing else.
+
+What can go wrong, and what bounds it: every wait for an engine process is bounded by rollout.engine_timeout_s and
+looks at the process every half second. One that dies (killed, out of memory) is restarted by the call that meets
+it, every slot's weights are sent again, and the call is repeated (the same tokens: the request is a function of
+its inputs), up to rollout.engine_restarts times a run; then the run stops with an error naming the process. An
+engine process ignores stop signals (the trainer ends the run at a step's end, with the batches in flight) and
+exits when the trainer does, even by SIGKILL (it watches its parent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from retool_cli.config import RetoolConfig
+from retool_cli.errors import ConfigError, EngineTimeout, RetoolError
+from retool_cli.faults import die_if_due, jitter
+from retool_cli.interfaces import Engine, Generation, Sampling
+from retool_cli.model.precision import Precision
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5  # how often a waiting trainer looks at the engine process
+START_TIMEOUT_S = 300.0  # an engine process's start (imports, building its models) is bounded by this too
+
+# A bucket's layout: the dtype its flat tensor has, and (name, shape) of each tensor in it, in order.
+Layout = list[tuple[torch.dtype, list[tuple[str, tuple[int, ...]]]]]
+
+
+_TRANSFERS = itertools.count(1)  # the run's weight transfers, numbered (fault injection)
+
+
+class EngineProcessDied(RetoolError):
+    """An engine process exited, and no restart is left."""
+
+
+@dataclass
+class EngineSpec:
+    """What an engine process builds its models from (pickled to it): no weights, which come by broadcast."""
+
+    model_config: Any  # the policy's transformers config
+    generation_config: Any
+    tokenizer: Any
+    dtype: torch.dtype  # the sampling dtype (precision.sampling, else the policy's)
+    accelerate: bool  # model.accelerate: the KV decoder for Llama-family models
+    threads: int  # torch's CPU threads in the engine process
+    slots: list[int]  # the slots (batches in flight) this process serves
+    incarnation: int = 0  # how many times this process was restarted (fault injection dies in the first only)
+
+
+def bucket_layout(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_bytes: int) -> Layout:
+    """`state`'s floating tensors cast to `dtype` (integer buffers as they are), in order, in buckets of at most
+    `bucket_bytes` (a larger tensor is a bucket of its own) with one dtype each."""
+    layout: Layout = []
+    size = 0
+    for name, tensor in state.items():
+        kind = dtype if tensor.is_floating_point() else tensor.dtype
+        nbytes = tensor.numel() * kind.itemsize
+        if not layout or layout[-1][0] != kind or size + nbytes > bucket_bytes:
+            layout.append((kind, []))
+            size = 0
+        layout[-1][1].append((name, tuple(tensor.shape)))
+        size += nbytes
+    return layout
+
+
+def _broadcast(group: Any, flat: torch.Tensor, timeout_s: float) -> None:
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    options.timeout = datetime.timedelta(seconds=timeout_s)
+    group.broadcast([flat], options).wait()
+
+
+def send_weights(group: Any, state: dict[str, torch.Tensor], layout: Layout, timeout_s: float, number: int) -> None:
+    """Rank 0's side: each bucket as one flat tensor (the receiver splits it by the layout). `number`: this
+    transfer's in the run, for the resume tests' fault injection."""
+    for index, (kind, entries) in enumerate(layout):
+        if index == 1:
+            die_if_due("transfer", number)  # killed mid-transfer (RETOOL_DIE_AFTER=transfer:N)
+        flat = torch.cat([state[name].detach().reshape(-1).to("cpu", kind) for name, _ in entries])
+        _broadcast(group, flat, timeout_s)
+
+
+def receive_weights(group: Any, layout: Layout, timeout_s: float) -> dict[str, torch.Tensor]:
+    """Rank 1's side of send_weights: the tensors by name."""
+    state: dict[str, torch.Tensor] = {}
+    for kind, entries in layout:
+        sizes = [int(torch.Size(shape).numel()) for _, shape in entries]
+        flat = torch.empty(sum(sizes), dtype=kind)
+        _broadcast(group, flat, timeout_s)
+        for (name, shape), part in zip(entries, flat.split(sizes), strict=True):
+            state[name] = part.view(shape)
+    return state
+
+
+def gloo_group(store: Any, rank: int, timeout_s: float) -> Any:
+    """The trainer's (rank 0, whose `store` listens) and an engine process's two-process gloo group, over the
+    loopback interface. Outside torch.distributed's default group: the trainer may have one of its own."""
+    # _Options is private, and the only way to name the interface (the hostname may not resolve here)
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = datetime.timedelta(seconds=timeout_s)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
+# ---------------------------------------------------------------------- the engine process
+
+
+def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s: float) -> None:
+    """An engine process's main: build a model per slot, join the trainer's group, answer requests until told
+    to exit or the trainer is gone."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)  # a stop is the trainer's to handle; it ends this process
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    torch.set_num_threads(spec.threads)
+    from retool_cli.rollout.hf_engine import HFEngine
+
+    try:
+        engines = {s: HFEngine(_empty_model(spec), spec.tokenizer, accelerate=spec.accelerate) for s in spec.slots}
+    except Exception as error:  # the trainer raises it
+        conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+        return
+    conn.send(("ok", None))  # ready: the trainer builds its side of the group once it reads this
+    timeout = datetime.timedelta(seconds=START_TIMEOUT_S)
+    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timeout)
+    group = gloo_group(store, 1, START_TIMEOUT_S)
+    served = 0
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the trainer closed its end: it is gone
+            return
+        kind, slot, args = request
+        if kind == "exit":
+            return
+        try:
+            started = time.perf_counter()
+            if kind == "load":
+                state = receive_weights(group, args, timeout_s)
+                engines[slot].model.load_state_dict(state)
+                engines[slot].update_weights(None)  # forget what the decoder prepacked from the old weights
+                reply: Any = time.perf_counter() - started
+            else:
+                served += 1
+                if spec.incarnation == 0:
+                    die_if_due("engine", served)  # the killed-engine test (RETOOL_DIE_AFTER=engine:N)
+                jitter("engine")  # the determinism tests' random delay (faults.py; nothing outside tests)
+                reply = engines[slot].generate(*args)
+            conn.send(("ok", reply))
+        except Exception as error:  # the trainer raises it, naming this process
+            conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def _empty_model(spec: EngineSpec) -> Any:
+    """The policy's architecture in the sampling dtype; its weights come from the trainer."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(spec.model_config)
+    # the trainer's packed attention (rl/packing.py) falls back to the model's own: the engine uses that one
+    config._attn_implementation = str(config._attn_implementation).split(":")[-1]
+    # built as the colocated engine's copy is (hf_engine._cast_copy): in the config's dtype, then every floating
+    # parameter and buffer cast, so that both sample the same tokens
+    model = AutoModelForCausalLM.from_config(config).to(spec.dtype)
+    model.generation_config = spec.generation_config
+    return model.eval().requires_grad_(False)
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------- the trainer's side
+
+
+class EngineProcess:
+    """One engine process, seen from the trainer: its requests one at a time, restarts when it dies."""
+
+    def __init__(self, spec: EngineSpec, index: int, timeout_s: float, restarts: int, bucket_bytes: int) -> None:
+        self.spec, self.index, self.timeout_s, self.bucket_bytes = spec, index, timeout_s, bucket_bytes
+        self.restarts_left = restarts
+        self.lock = threading.Lock()  # one request at a time: the process serves them in turn
+        self.loaded: dict[int, dict[str, torch.Tensor]] = {}  # slot -> the weights it holds (sent again on restart)
+        self.transfer_s = 0.0  # the trainer's seconds sending weights, all slots (metrics)
+        self._start()
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process with threads and a torch pool
+        self.conn, child = context.Pipe()
+        # the store listens first (port 0: any free port), the child joins it, then both build the group
+        timeout = datetime.timedelta(seconds=START_TIMEOUT_S)
+        self.store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+        self.process = context.Process(
+            target=serve,
+            args=(self.spec, child, self.store.port, os.getpid(), self.timeout_s),
+            name=f"retool-engine-{self.index}",
+            daemon=True,
+        )
+        self.process.start()
+        child.close()
+        log.info("engine process %d started (pid %d)", self.index, self.process.pid)
+        self._answer("start", max(self.timeout_s, START_TIMEOUT_S))  # its models built (or why not)
+        try:
+            self.group = gloo_group(self.store, 0, START_TIMEOUT_S)
+        except RuntimeError as error:  # the child died before joining, or never joined in time
+            self._died(f"while starting ({error})")
+
+    def _died(self, when: str) -> NoReturn:
+        self.process.join(timeout=5.0)
+        code = self.process.exitcode
+        raise _Died(f"engine process {self.index} (pid {self.process.pid}) exited with code {code} {when}")
+
+    def request(self, kind: str, slot: int, args: Any) -> Any:
+        """Send a request and wait for its answer, restarting a dead process (weights sent again) and repeating
+        the request up to the restarts left."""
+        with self.lock:
+            while True:
+                try:
+                    return self._exchange(kind, slot, args)
+                except _Died as died:
+                    if self.restarts_left == 0:
+                        raise EngineProcessDied(
+                            f"{died}; no restart left (rollout.engine_restarts). Rerun the same command to resume "
+                            "from the last checkpoint"
+                        ) from None
+                    self.restarts_left -= 1
+                    log.warning("%s; restarting it and sending its weights again", died)
+                    self._restart()
+
+    def _restart(self) -> None:
+        self.close()
+        self.spec.incarnation += 1
+        self._start()
+        for slot, state in self.loaded.items():
+            self._exchange("load", slot, state)
+
+    def _exchange(self, kind: str, slot: int, args: Any) -> Any:
+        try:
+            if kind == "load":
+                state = args
+                layout = bucket_layout(state, self.spec.dtype, self.bucket_bytes)
+                self.conn.send(("load", slot, layout))
+                started = time.perf_counter()
+                send_weights(self.group, state, layout, self.timeout_s, next(_TRANSFERS))
+                self.transfer_s += time.perf_counter() - started
+                self.loaded[slot] = state
+            else:
+                self.conn.send((kind, slot, args))
+        except (OSError, RuntimeError) as error:  # the pipe or the group met a dead process
+            self._died(f"during a {kind} request ({error})")
+        return self._answer(kind, self.timeout_s)
+
+    def _answer(self, kind: str, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        while not self.conn.poll(POLL_S):
+            if not self.process.is_alive():
+                self._died(f"during a {kind} request")
+            if deadline is not None and time.monotonic() > deadline:
+                raise EngineTimeout(
+                    f"engine process {self.index} did not answer a {kind} request within rollout.engine_timeout_s="
+                    f"{timeout_s:g} s: it is stuck or far slower than expected. Stopping; rerun the same "
+                    "command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
+                )
+        try:
+            status, reply = self.conn.recv()
+        except (EOFError, OSError):
+            self._died(f"during a {kind} request")
+        if status == "error":
+            raise RetoolError(f"engine process {self.index} failed a {kind} request: {reply}")
+        return reply
+
+    def close(self) -> None:
+        """Ask the process to exit; kill it if it does not within a few seconds."""
+        with contextlib.suppress(OSError):
+            self.conn.send(("exit", 0, None))
+        self.process.join(timeout=5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class _Died(Exception):
+    pass
+
+
+class EngineSlot:
+    """One slot of an engine process, as the sampler sees an engine (interfaces.Engine)."""
+
+    def __init__(self, process: EngineProcess, slot: int) -> None:
+        self.process, self.slot = process, slot
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        stop_strings: list[str],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
+        generations: list[Generation] = self.process.request(
+            "generate", self.slot, (prompts, max_new_tokens, stop_strings, sampling, seeds)
+        )
+        return generations
+
+    def update_weights(self, policy: Any) -> None:
+        self.process.request("load", self.slot, policy.state_dict())
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine process keeps its memory to itself."""
+
+    def wake_up(self) -> None:
+        """See `sleep`."""
+
+
+@contextlib.contextmanager
+def engine_processes(
+    config: RetoolConfig, precision: Precision, model: Any, tokenizer: Any, slots: int
+) -> Iterator[list[Engine]]:
+    """rollout.placement=separate: `slots` engines for the overlapped sampler, dealt out over
+    rollout.engine_processes processes (at most one per slot), each with rollout.engine_threads of the trainer's
+    CPU threads; closed (their processes ended) on leaving."""
+    r = config.rollout
+    if precision.device.type != "cpu":
+        raise ConfigError(
+            f"rollout.placement=separate runs its engine processes on CPU for now (model.device is "
+            f"{precision.device}); use rollout.placement=colocated on accelerators"
+        )
+    count = min(r.engine_processes, slots)
+    if count < r.engine_processes:
+        log.warning(
+            "rollout.engine_processes=%d: only %d batches are ever in flight, so %d processes",
+            r.engine_processes,
+            slots,
+            count,
+        )
+    dtype = precision.sampling or next(model.parameters()).dtype
+    bucket_bytes = int(r.weight_bucket_mb * 2**20)
+    trainer_threads = torch.get_num_threads()
+    processes: list[EngineProcess] = []
+    try:
+        for index in range(count):
+            spec = EngineSpec(
+                model.config,
+                model.generation_config,
+                tokenizer,
+                dtype,
+                config.model.accelerate,
+                r.engine_threads,
+                slots=list(range(index, slots, count)),
+            )
+            processes.append(EngineProcess(spec, index, r.engine_timeout_s, r.engine_restarts, bucket_bytes))
+        torch.set_num_threads(max(1, trainer_threads - count * r.engine_threads))  # the engines' cores are theirs
+        log.info(
+            "rollout.placement=separate: %d engine processes x %d threads, the trainer %d threads",
+            count,
+            r.engine_threads,
+            torch.get_num_threads(),
+        )
+        yield [EngineSlot(processes[slot % count], slot) for slot in range(slots)]
+    finally:
+        torch.set_num_threads(trainer_threads)
+        for process in processes:
+            process.close()
