@@ -46,7 +46,9 @@ smoke-controls: $(VENV)/.installed
 # update ahead with partial rollouts (trainer.max_staleness=1, rollout.partial: a trajectory's later turns sampled
 # by the next weights; the decoupled loss's capped importance weight: token_tis) and its shuffled-reward control,
 # each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
-OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis
+# PLACEMENT=separate: the sampler's engine in a process of its own (rollout.placement).
+PLACEMENT ?= colocated
+OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis rollout.placement=$(PLACEMENT)
 smoke-overlap: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap

@@ -1021,8 +1021,17 @@ class RetoolConfig:
             )
         if t.max_staleness == 0:
             return
+        separate = self.rollout.placement is RolloutPlacement.separate
+        _check(
+            not separate or self.rollout.vllm_tensor_parallel_size == 1,
+            "rollout.vllm_tensor_parallel_size",
+            "an engine process of rollout.placement=separate holds the whole model: 1 for now",
+        )
         unsupported = [
-            (self.rollout.engine is not RolloutEngine.hf, f"rollout.engine={self.rollout.engine.value}"),
+            (
+                self.rollout.engine is not RolloutEngine.hf and not separate,
+                f"rollout.engine={self.rollout.engine.value} colocated (rollout.placement=separate runs it)",
+            ),
             (t.nproc > 1 or t.nnodes > 1, f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes"),
             (self.model.lora_rank > 0, f"model.lora_rank={self.model.lora_rank}"),
         ]
@@ -1030,8 +1039,9 @@ class RetoolConfig:
             _check(
                 not refused,
                 "trainer.max_staleness",
-                f"{t.max_staleness} (overlapped training) runs in one process with rollout.engine=hf and full "
-                f"fine-tuning for now, not with {what}; set trainer.max_staleness=0 for it",
+                f"{t.max_staleness} (overlapped training) runs with one trainer process and full fine-tuning, "
+                f"with rollout.engine=hf or with vLLM in engine processes, for now; not with {what}: set "
+                "trainer.max_staleness=0 for it",
             )
 
     def _check_learning_signal(self) -> None:

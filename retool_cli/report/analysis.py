@@ -23,6 +23,7 @@ CURVES = [
     ("rollout/partial_share", "partial rollouts (trajectories sampled by two weight versions)"),
     ("time/trainer_idle_share", "trainer idle (share of the step's wall time)"),
     ("time/sampler_idle_share", "sampler idle (share of the step's wall time)"),
+    ("time/weight_transfer_s", "weight loading into the sampler's engines (s per step; separate: broadcasts)"),
     ("train/padding_share", "padding (share of the positions the loss passes computed)"),
     ("time/train_tokens_per_s", "training throughput (real tokens per second of the update)"),
     ("train/token_imbalance", "token imbalance (the busiest process's training tokens over the mean)"),

@@ -45,11 +45,12 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from retool_cli.config import RetoolConfig
+from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.errors import ConfigError, EngineTimeout, RetoolError
 from retool_cli.faults import die_if_due, jitter
 from retool_cli.interfaces import Engine, Generation, Sampling
 from retool_cli.model.precision import Precision
+from retool_cli.rollout import vllm_arguments
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
@@ -68,7 +69,7 @@ class EngineProcessDied(RetoolError):
 
 @dataclass
 class EngineSpec:
-    """What an engine process builds its models from (pickled to it): no weights, which come by broadcast."""
+    """What an engine process builds its engine from (pickled to it): no weights, which come by broadcast."""
 
     model_config: Any  # the policy's transformers config
     generation_config: Any
@@ -77,6 +78,7 @@ class EngineSpec:
     accelerate: bool  # model.accelerate: the KV decoder for Llama-family models
     threads: int  # torch's CPU threads in the engine process
     slots: list[int]  # the slots (batches in flight) this process serves
+    vllm: dict[str, Any] | None = None  # rollout.engine=vllm: VLLMEngine's arguments (its weights' folder first)
     incarnation: int = 0  # how many times this process was restarted (fault injection dies in the first only)
 
 
@@ -145,10 +147,8 @@ def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s:
         signal.signal(signum, signal.SIG_IGN)  # a stop is the trainer's to handle; it ends this process
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(spec.threads)
-    from retool_cli.rollout.hf_engine import HFEngine
-
     try:
-        engines = {s: HFEngine(_empty_model(spec), spec.tokenizer, accelerate=spec.accelerate) for s in spec.slots}
+        slots = _Slots(spec)
     except Exception as error:  # the trainer raises it
         conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
         return
@@ -168,19 +168,62 @@ def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s:
         try:
             started = time.perf_counter()
             if kind == "load":
-                state = receive_weights(group, args, timeout_s)
-                engines[slot].model.load_state_dict(state)
-                engines[slot].update_weights(None)  # forget what the decoder prepacked from the old weights
+                slots.load(slot, receive_weights(group, args, timeout_s))
                 reply: Any = time.perf_counter() - started
             else:
                 served += 1
                 if spec.incarnation == 0:
                     die_if_due("engine", served)  # the killed-engine test (RETOOL_DIE_AFTER=engine:N)
                 jitter("engine")  # the determinism tests' random delay (faults.py; nothing outside tests)
-                reply = engines[slot].generate(*args)
+                reply = slots.generate(slot, args)
             conn.send(("ok", reply))
         except Exception as error:  # the trainer raises it, naming this process
             conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+class _Slots:
+    """An engine process's weight versions, one per slot. hf: a model per slot. vLLM: one engine, whose weights
+    are swapped for the slot a request names when another slot's are loaded (vLLM's memory is sized for one
+    engine a process; the slots' tensors wait in host memory)."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.vllm = None
+        if spec.vllm is not None:
+            from retool_cli.rollout.vllm_engine import VLLMEngine
+
+            self.vllm = VLLMEngine(**spec.vllm, tokenizer=spec.tokenizer)
+            self.states: dict[int, dict[str, torch.Tensor]] = {}
+            self.current: int | None = None  # the slot whose weights vLLM holds
+            return
+        from retool_cli.rollout.hf_engine import HFEngine
+
+        self.hf = {s: HFEngine(_empty_model(spec), spec.tokenizer, accelerate=spec.accelerate) for s in spec.slots}
+
+    def load(self, slot: int, state: dict[str, torch.Tensor]) -> None:
+        if self.vllm is not None:
+            self.states[slot] = state
+            self.current = None if self.current == slot else self.current
+            return
+        self.hf[slot].model.load_state_dict(state)
+        self.hf[slot].update_weights(None)  # forget what the decoder prepacked from the old weights
+
+    def generate(self, slot: int, args: tuple[Any, ...]) -> list[Generation]:
+        if self.vllm is None:
+            return self.hf[slot].generate(*args)
+        if self.current != slot:
+            self.vllm.update_weights(_StateOf(self.states[slot]))  # (resets vLLM's prefix cache too)
+            self.current = slot
+        return self.vllm.generate(*args)
+
+
+class _StateOf:
+    """Received tensors, as an engine loads a policy (`state_dict()`)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state
 
 
 def _empty_model(spec: EngineSpec) -> Any:
@@ -229,7 +272,7 @@ class EngineProcess:
             target=serve,
             args=(self.spec, child, self.store.port, os.getpid(), self.timeout_s),
             name=f"retool-engine-{self.index}",
-            daemon=True,
+            daemon=False,  # vLLM may start processes of its own; close() ends this one (and it its parent's end)
         )
         self.process.start()
         child.close()
@@ -370,6 +413,9 @@ def engine_processes(
             count,
         )
     dtype = precision.sampling or next(model.parameters()).dtype
+    # vLLM: its own engine in each process, on the policy's architecture and tokenizer; never asleep (the
+    # trainer is elsewhere)
+    vllm = {**vllm_arguments(config, precision), "sleep_mode": False} if r.engine is RolloutEngine.vllm else None
     bucket_bytes = int(r.weight_bucket_mb * 2**20)
     trainer_threads = torch.get_num_threads()
     processes: list[EngineProcess] = []
@@ -383,6 +429,7 @@ def engine_processes(
                 config.model.accelerate,
                 r.engine_threads,
                 slots=list(range(index, slots, count)),
+                vllm=vllm,
             )
             processes.append(EngineProcess(spec, index, r.engine_timeout_s, r.engine_restarts, bucket_bytes))
         torch.set_num_threads(max(1, trainer_threads - count * r.engine_threads))  # the engines' cores are theirs

@@ -166,7 +166,16 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["trainer.fsdp=true", "rollout.dtype=bfloat16"], "trainer.fsdp: LoRA"),
         (["model.lora_rank=-1"], "model.lora_rank: must be >= 0"),
         (["trainer.max_staleness=-1"], "trainer.max_staleness: must be >= 0"),
-        (["trainer.max_staleness=1", "rollout=vllm"], "trainer.max_staleness: 1 (overlapped training)"),
+        (["trainer.max_staleness=1", "rollout=vllm"], "not with rollout.engine=vllm colocated"),
+        (
+            [
+                "trainer.max_staleness=1",
+                "rollout=vllm",
+                "rollout.placement=separate",
+                "rollout.vllm_tensor_parallel_size=2",
+            ],
+            "rollout.vllm_tensor_parallel_size: an engine process",
+        ),
         (["trainer.max_staleness=2", "trainer.nproc=2"], "not with trainer.nproc=2 x trainer.nnodes=1"),
         (["trainer.max_staleness=1", "model.lora_rank=4"], "not with model.lora_rank=4"),
         (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),

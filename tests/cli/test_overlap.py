@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.cli.test_stops import resume_line, rows_of, signal_when
+from tests.cli.test_vllm import VLLM
 from tests.helpers import TINY, alive, die_after, read_jsonl, run_retool
 from tests.helpers import comparable as timeless
 
@@ -37,11 +38,14 @@ EVAL = ["trainer.eval_every=2", "trainer.eval_problems=2", "benchmark.n_samples=
 JITTER = {"RETOOL_JITTER": "tools:0.05,engine:0.05,update:0.4"}
 
 
+CACHES = ("rollout/code_cache_hit_rate", "rollout/prefix_cache_hit_rate")
+
+
 def comparable(rows: list[dict]) -> list[dict]:
-    """Metrics without timings, nor the interpreter cache's hit rate: with batches sampling at once, which of
-    two calls of the same code ran it and which was answered from the cache depends on their timing (what the
-    model reads is the same either way)."""
-    return [{k: v for k, v in row.items() if k != "rollout/code_cache_hit_rate"} for row in timeless(rows)]
+    """Metrics without timings, nor the caches' hit rates: with batches sampling at once, which of two calls of
+    the same code ran it and which was answered from the cache depends on their timing, and what vLLM's prefix
+    cache holds on which engine process served which batch (what the model reads is the same either way)."""
+    return [{k: v for k, v in row.items() if k not in CACHES} for row in timeless(rows)]
 
 
 def train(folder: Path, *extra: str, env: dict[str, str] | None = None) -> list[dict]:
@@ -218,3 +222,18 @@ def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_pa
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(pids)
+
+
+def test_vllm_engine_processes_sample_the_same_whatever_the_speeds_and_their_count(
+    sft_checkpoint: Path, tmp_path: Path
+) -> None:
+    """vLLM's CPU build in engine processes (rollout.placement=separate), k = 1 with partial rollouts: one
+    process holding both batches' weights (swapped per request), and two with random delays in the tools, the
+    engine processes and the update: the same metrics, kept trajectories and weights."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *SEPARATE, *VLLM]
+    extra += ["rollout.loop=turns"]  # partial rollouts switch weights between turns
+    one = train(tmp_path / "one", *extra)
+    train(tmp_path / "two", *extra, "rollout.engine_processes=2", env=JITTER)
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+    assert [r["rollout/behaviour_version"] for r in one] == [0, 0, 1, 2]
+    assert max(r["rollout/partial_share"] for r in one) > 0
