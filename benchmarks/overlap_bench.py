@@ -77,6 +77,8 @@ ARMS = {  # the runs compared, by the overrides that make them
     "k1_separate": ["trainer.max_staleness=1", "rollout.placement=separate"],
     "k1_partial_separate": ["trainer.max_staleness=1", "rollout.partial=true", "rollout.placement=separate"],
 }
+PARTIAL2 = ["rollout.partial_turns=2"]  # (with --arms) the first two turns with the batch's own weights
+MORE_ARMS = {f"{arm}_turns2": [*ARMS[arm], *PARTIAL2] for arm in ("k1_partial", "k1_partial_separate")}
 
 
 def run_isolated(spec: dict) -> dict:
@@ -104,11 +106,14 @@ def main() -> None:
     }
     quantities: dict = {}
     ratios: dict = {}
+    arms = {arm: {**ARMS, **MORE_ARMS}[arm] for arm in ["k0", *args.arms]}
     for name, (checkpoint, overrides, tail) in workloads.items():
-        runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+        if name not in args.workloads:
+            continue
+        runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for r in range(args.repeats):
-            for arm in [*ARMS][r % len(ARMS) :] + [*ARMS][: r % len(ARMS)]:  # each arm first in turn
-                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, *ARMS[arm]], "tail": tail}
+            for arm in [*arms][r % len(arms) :] + [*arms][: r % len(arms)]:  # each arm first in turn
+                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, *arms[arm]], "tail": tail}
                 runs[arm].append(run_isolated(spec))
                 print(f"{name} repeat {r} {arm}: {runs[arm][-1]['s_per_step']:.2f} s/step", flush=True)
         for arm, got in runs.items():
@@ -116,7 +121,7 @@ def main() -> None:
             for share in ("trainer_idle_share", "sampler_idle_share", "weight_transfer_s"):
                 if arm != "k0":
                     quantities[f"{name}/{arm}_{share}"] = spread([g[share] for g in got])
-        for arm in [*ARMS][1:]:
+        for arm in [*arms][1:]:
             r = ratios[f"{name}/s_per_step_{arm}_over_k0"] = paired_ratios(
                 [g["s_per_step"] for g in runs[arm]], [g["s_per_step"] for g in runs["k0"]]
             )
@@ -137,6 +142,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--multi-call-dir", type=Path, default=Path("outputs/bench_multi_call_sft"), help="the long-tail policy"
     )
+    parser.add_argument(
+        "--arms", nargs="+", default=[*ARMS][1:], choices=[*ARMS, *MORE_ARMS][1:], help="beside k0 (always run)"
+    )
+    parser.add_argument("--workloads", nargs="+", default=["smoke", "long_tail"], choices=["smoke", "long_tail"])
     add_json_out(parser)
     return parser.parse_args()
 
