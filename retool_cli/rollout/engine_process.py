@@ -55,6 +55,7 @@ from retool_cli.rollout import vllm_arguments
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
 START_TIMEOUT_S = 300.0  # an engine process's start (imports, building its models) is bounded by this too
+NO_LIMIT_S = 365 * 86400.0  # a broadcast's timeout where rollout.engine_timeout_s=0 asks for none
 
 # A bucket's layout: the dtype its flat tensor has, and (name, shape) of each tensor in it, in order.
 Layout = list[tuple[torch.dtype, list[tuple[str, tuple[int, ...]]]]]
@@ -101,7 +102,7 @@ def bucket_layout(state: dict[str, torch.Tensor], dtype: torch.dtype, bucket_byt
 def _broadcast(group: Any, flat: torch.Tensor, timeout_s: float) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    options.timeout = datetime.timedelta(seconds=timeout_s)
+    options.timeout = datetime.timedelta(seconds=timeout_s or NO_LIMIT_S)  # rollout.engine_timeout_s=0: no limit
     group.broadcast([flat], options).wait()
 
 
@@ -259,7 +260,6 @@ class EngineProcess:
         self.restarts_left = restarts
         self.lock = threading.Lock()  # one request at a time: the process serves them in turn
         self.loaded: dict[int, dict[str, torch.Tensor]] = {}  # slot -> the weights it holds (sent again on restart)
-        self.transfer_s = 0.0  # the trainer's seconds sending weights, all slots (metrics)
         self._start()
 
     def _start(self) -> None:
@@ -292,8 +292,11 @@ class EngineProcess:
         """Send a request and wait for its answer, restarting a dead process (weights sent again) and repeating
         the request up to the restarts left."""
         with self.lock:
+            restart = False
             while True:
                 try:
+                    if restart:
+                        self._restart()
                     return self._exchange(kind, slot, args)
                 except _Died as died:
                     if self.restarts_left == 0:
@@ -303,7 +306,7 @@ class EngineProcess:
                         ) from None
                     self.restarts_left -= 1
                     log.warning("%s; restarting it and sending its weights again", died)
-                    self._restart()
+                    restart = True
 
     def _restart(self) -> None:
         self.close()
@@ -318,9 +321,7 @@ class EngineProcess:
                 state = args
                 layout = bucket_layout(state, self.spec.dtype, self.bucket_bytes)
                 self.conn.send(("load", slot, layout))
-                started = time.perf_counter()
                 send_weights(self.group, state, layout, self.timeout_s, next(_TRANSFERS))
-                self.transfer_s += time.perf_counter() - started
                 self.loaded[slot] = state
             else:
                 self.conn.send((kind, slot, args))
@@ -358,8 +359,8 @@ class EngineProcess:
         self.conn.close()
 
 
-class _Died(Exception):
-    pass
+class _Died(RetoolError):
+    """An engine process exited (restarted by `request` while restarts are left)."""
 
 
 class EngineSlot:

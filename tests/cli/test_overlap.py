@@ -182,7 +182,7 @@ def engine_pids(stderr: str) -> list[int]:
 def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint: Path, tmp_path: Path) -> None:
     """k = 1 with partial rollouts: the sampler's engines in threads of the trainer (colocated), in one engine
     process with random delays in the tools, the engine process and the update, and in two engine processes
-    of which one is killed at its third request (restarted, its weights sent again, the request repeated):
+    each killed at its third request (restarted, its weights sent again, the request repeated):
     the same metrics, kept trajectories and weights; the weights reach the engines by broadcast, timed."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL]
     colocated = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
