@@ -112,7 +112,10 @@ def send_weights(group: Any, state: dict[str, torch.Tensor], layout: Layout, tim
     for index, (kind, entries) in enumerate(layout):
         if index == 1:
             die_if_due("transfer", number)  # killed mid-transfer (RETOOL_DIE_AFTER=transfer:N)
-        flat = torch.cat([state[name].detach().reshape(-1).to("cpu", kind) for name, _ in entries])
+        parts = [state[name].detach().reshape(-1) for name, _ in entries]
+        flat = torch.empty(sum(part.numel() for part in parts), dtype=kind)
+        for part, into in zip(parts, flat.split([part.numel() for part in parts]), strict=True):
+            into.copy_(part)  # cast and moved to the CPU in one copy
         _broadcast(group, flat, timeout_s)
 
 
@@ -167,10 +170,9 @@ def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s:
         if kind == "exit":
             return
         try:
-            started = time.perf_counter()
+            reply: Any = None
             if kind == "load":
                 slots.load(slot, receive_weights(group, args, timeout_s))
-                reply: Any = time.perf_counter() - started
             else:
                 served += 1
                 if spec.incarnation == 0:
