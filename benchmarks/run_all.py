@@ -83,7 +83,7 @@ BENCHMARKS = [
         ["smoke_sft"],
     ),
     Benchmark("packing", "packing_bench.py", ["--rounds", "7"], ["--rounds", "1", "--questions", "2", "--group", "2"]),
-    Benchmark("weight_transfer", "weight_transfer_bench.py", [], ["--mb", "64", "--rounds", "1"]),
+    Benchmark("weight_transfer", "weight_transfer_bench.py", ["--rounds", "7"], ["--mb", "64", "--rounds", "1"]),
     Benchmark("train", "train_bench.py", [], ["--rounds", "1", "--steps", "3"], ["bench_dir"], peer="trl"),
     Benchmark("sft", "sft_bench.py", [], ["--rounds", "1", "--steps", "4", "--problems", "400"], peer="trl"),
     Benchmark("report", "report_bench.py", [], ["--problems", "10", "--samples", "4"], ["browser"]),

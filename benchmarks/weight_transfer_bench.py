@@ -4,8 +4,9 @@ side by side on the same weights.
 
     python benchmarks/weight_transfer_bench.py [--mb 1024] [--rounds 3] [--buckets-mb 16 64 256]
 
-The weights: a Qwen2-7B-shaped stack of fp32 matrices (hidden 3584, MLP 18944) cut to --mb MiB, sent in bf16
-(the sampling dtype) as the trainer sends them, to a spawned process that receives and unflattens each bucket.
+The weights: fp32 matrices of a Qwen2-7B layer's shapes (hidden 3584, MLP 18944), whole layers until at least
+--mb MiB (1,024 gives 1.74 GiB), sent in bf16 (the sampling dtype) as the trainer sends them, to a spawned
+process that receives and unflattens each bucket.
 Reported: seconds per GiB of fp32 weights until the receiver holds them, for each bucket size, and broadcast /
 in-process copy per round (each transfer's checksum is compared after, outside the timing).
 """
