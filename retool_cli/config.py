@@ -268,7 +268,8 @@ class RolloutConfig:
     placement: RolloutPlacement = doc(
         RolloutPlacement.colocated,
         "with trainer.max_staleness >= 1, where the sampler's engines run: colocated = threads of the trainer's "
-        "process, sharing its cores; separate = rollout.engine_processes processes of their own, each on "
+        "process, sharing its cores (vLLM: the process's one engine, each batch's weights loaded for its calls); "
+        "separate = rollout.engine_processes processes of their own, each on "
         "rollout.engine_threads cores (the trainer keeps the rest), the weights sent to them by gloo broadcasts in "
         "buckets (time/weight_transfer_s). The same tokens either way (README, Overlapped training)",
     )
@@ -1028,10 +1029,6 @@ class RetoolConfig:
             "an engine process of rollout.placement=separate holds the whole model: 1 for now",
         )
         unsupported = [
-            (
-                self.rollout.engine is not RolloutEngine.hf and not separate,
-                f"rollout.engine={self.rollout.engine.value} colocated (rollout.placement=separate runs it)",
-            ),
             (t.nproc > 1 or t.nnodes > 1, f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes"),
             (self.model.lora_rank > 0, f"model.lora_rank={self.model.lora_rank}"),
         ]
@@ -1039,9 +1036,8 @@ class RetoolConfig:
             _check(
                 not refused,
                 "trainer.max_staleness",
-                f"{t.max_staleness} (overlapped training) runs with one trainer process and full fine-tuning, "
-                f"with rollout.engine=hf or with vLLM in engine processes, for now; not with {what}: set "
-                "trainer.max_staleness=0 for it",
+                f"{t.max_staleness} (overlapped training) runs with one trainer process and full fine-tuning "
+                f"for now, not with {what}: set trainer.max_staleness=0 for it",
             )
 
     def _check_learning_signal(self) -> None:

@@ -52,6 +52,7 @@ from retool_cli.rl.update import update
 from retool_cli.rollout import build_engine
 from retool_cli.rollout.engine_process import engine_processes
 from retool_cli.rollout.watchdog import time_limit
+from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
 
@@ -161,6 +162,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
         Progress(console=Console(stderr=True)) as progress,
         stops.deferred(),  # a stop ends the run at a step's end (all ranks agreed), or alone in the rollouts
     ):
+        rt = shared_engine(config, rt)
         # vLLM loaded files; the first rollout must sample from the policy (init_from, a resumed checkpoint, LoRA)
         sync_weights(config, rt.engine, model)
         task = progress.add_task("train", total=t.total_steps, completed=start)
@@ -287,9 +289,21 @@ def overlapped_sampling(
     with contextlib.ExitStack() as stack:
         if config.rollout.placement is RolloutPlacement.separate:
             engines: list[Engine] = stack.enter_context(engine_processes(config, precision, model, rt.tokenizer, slots))
+        elif isinstance(rt.engine, SlotEngine):  # vLLM colocated: the trainer's engine, shared (see shared_engine)
+            engines = [SlotEngine(rt.engine.slots, slot) for slot in range(slots)]
         else:
             engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
         yield stack.enter_context(sample_ahead(config, plan, examples, rt, model, engines, start, cursor, pending))
+
+
+def shared_engine(config: RetoolConfig, rt: Runtime) -> Runtime:
+    """Colocated vLLM with trainer.max_staleness > 0: the process's one vLLM engine samples for the batches in
+    flight and for the trainer (periodic evaluation), each slot with its own weights, in turn
+    (rollout/weight_slots.py); else `rt` as it is."""
+    colocated = config.rollout.placement is RolloutPlacement.colocated
+    if config.trainer.max_staleness == 0 or not colocated or config.rollout.engine is not RolloutEngine.vllm:
+        return rt
+    return replace(rt, engine=SlotEngine(WeightSlots(rt.engine), "trainer"))
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 NAME = "retool_packed"
-_forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads)
+_forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads); .masks
 
 
 @dataclass(frozen=True)
@@ -175,21 +175,35 @@ def packed_attention(
         else:  # a response over its shared prompt: all of the prompt, then causal over itself
             prompt = chunk_at[s.prefix_start]
             k, v = torch.cat([keys[prompt], k], dim=2), torch.cat([values[prompt], v], dim=2)
-            n, p = s.end - s.start, s.prefix_end - s.prefix_start
-            causal = torch.ones((n, n), dtype=torch.bool, device=q.device).tril()
-            allowed = torch.cat([torch.ones((n, p), dtype=torch.bool, device=q.device), causal], dim=1)  # (n, p + n)
+            mask = _prefix_mask(s.end - s.start, s.prefix_end - s.prefix_start, q.dtype, q.device)
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+                q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
             )
         outs.append(out)
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None  # (1, T, H, D)
+
+
+def _prefix_mask(n: int, p: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The additive mask of n response queries over [p prompt keys, n response keys]: 0 where allowed, -inf
+    elsewhere. Built once per packed forward for each (n, p) and reused by every layer: building it, and SDPA's
+    conversion of a boolean one, cost several percent of a packed update on CPU."""
+    masks: dict[tuple[Any, ...], torch.Tensor] | None = getattr(_forward, "masks", None)
+    key = (n, p, dtype, device)
+    if masks is not None and key in masks:
+        return masks[key]
+    mask = torch.full((n, p + n), float("-inf"), dtype=dtype, device=device)  # (n, p + n)
+    mask[:, :p] = 0.0
+    mask[:, p:].triu_(1)  # 0 on and below the diagonal: each response token sees itself and what precedes it
+    if masks is not None:  # (the recompute of gradient checkpointing runs outside the forward: no cache then)
+        masks[key] = mask
+    return mask
 
 
 def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V)."""
     enable(model)
     ids = row.input_ids.to(device)
-    _forward.packed = True
+    _forward.packed, _forward.masks = True, {}
     try:
         out = model(
             input_ids=ids,
@@ -200,7 +214,7 @@ def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: to
             use_cache=False,
         )
     finally:
-        _forward.packed = False
+        _forward.packed, _forward.masks = False, None
     logits: torch.Tensor = out.logits
     return logits
 

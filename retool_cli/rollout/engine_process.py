@@ -4,11 +4,11 @@ trainer by torch.distributed broadcasts in buckets (gloo; the trainer is rank 0 
 engine process).
 
     trainer process                                       engine process p (spawned)
-      EngineSlot(p, i).update_weights(snapshot)
+      SlotEngine(p, i).update_weights(snapshot)
         --("load", i, layout)-->                            receives each bucket: one flat tensor in the sampling
         broadcast bucket 1 .. n ======================>     dtype, copied into slot i's model
-        <--("ok", seconds)--
-      EngineSlot(p, i).generate(prompts, ...)
+        <--("ok", None)--
+      SlotEngine(p, i).generate(prompts, ...)
         --("generate", i, ...)-->                           HFEngine(slot i's model).generate
         <--("ok", generations)--
 
@@ -48,9 +48,10 @@ import torch.distributed as dist
 from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.errors import ConfigError, EngineTimeout, RetoolError
 from retool_cli.faults import die_if_due, jitter
-from retool_cli.interfaces import Engine, Generation, Sampling
+from retool_cli.interfaces import Engine, Generation
 from retool_cli.model.precision import Precision
 from retool_cli.rollout import vllm_arguments
+from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
@@ -186,17 +187,15 @@ def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s:
 
 class _Slots:
     """An engine process's weight versions, one per slot. hf: a model per slot. vLLM: one engine, whose weights
-    are swapped for the slot a request names when another slot's are loaded (vLLM's memory is sized for one
-    engine a process; the slots' tensors wait in host memory)."""
+    are swapped for the slot a request names (rollout/weight_slots.py: vLLM's memory is sized for one engine a
+    process; the slots' tensors wait in host memory)."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        self.vllm = None
+        self.vllm: WeightSlots | None = None
         if spec.vllm is not None:
             from retool_cli.rollout.vllm_engine import VLLMEngine
 
-            self.vllm = VLLMEngine(**spec.vllm, tokenizer=spec.tokenizer)
-            self.states: dict[int, dict[str, torch.Tensor]] = {}
-            self.current: int | None = None  # the slot whose weights vLLM holds
+            self.vllm = WeightSlots(VLLMEngine(**spec.vllm, tokenizer=spec.tokenizer))
             return
         from retool_cli.rollout.hf_engine import HFEngine
 
@@ -204,19 +203,15 @@ class _Slots:
 
     def load(self, slot: int, state: dict[str, torch.Tensor]) -> None:
         if self.vllm is not None:
-            self.states[slot] = state
-            self.current = None if self.current == slot else self.current
+            self.vllm.load(slot, _StateOf(state))
             return
         self.hf[slot].model.load_state_dict(state)
         self.hf[slot].update_weights(None)  # forget what the decoder prepacked from the old weights
 
     def generate(self, slot: int, args: tuple[Any, ...]) -> list[Generation]:
-        if self.vllm is None:
-            return self.hf[slot].generate(*args)
-        if self.current != slot:
-            self.vllm.update_weights(_StateOf(self.states[slot]))  # (resets vLLM's prefix cache too)
-            self.current = slot
-        return self.vllm.generate(*args)
+        if self.vllm is not None:
+            return self.vllm.generate(slot, *args)
+        return self.hf[slot].generate(*args)
 
 
 class _StateOf:
@@ -310,6 +305,15 @@ class EngineProcess:
                     log.warning("%s; restarting it and sending its weights again", died)
                     restart = True
 
+    def load(self, slot: int, weights: Any) -> None:
+        """Slot `slot` samples with `weights` (anything with `state_dict()`) from now on: sent now."""
+        self.request("load", slot, weights.state_dict())
+
+    def generate(self, slot: int, *args: Any) -> list[Generation]:
+        """Engine.generate(*args) on slot `slot`'s weights."""
+        generations: list[Generation] = self.request("generate", slot, args)
+        return generations
+
     def _restart(self) -> None:
         self.close()
         self.spec.incarnation += 1
@@ -365,35 +369,6 @@ class _Died(RetoolError):
     """An engine process exited (restarted by `request` while restarts are left)."""
 
 
-class EngineSlot:
-    """One slot of an engine process, as the sampler sees an engine (interfaces.Engine)."""
-
-    def __init__(self, process: EngineProcess, slot: int) -> None:
-        self.process, self.slot = process, slot
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: list[int],
-        stop_strings: list[str],
-        sampling: Sampling,
-        seeds: list[int] | None = None,
-    ) -> list[Generation]:
-        generations: list[Generation] = self.process.request(
-            "generate", self.slot, (prompts, max_new_tokens, stop_strings, sampling, seeds)
-        )
-        return generations
-
-    def update_weights(self, policy: Any) -> None:
-        self.process.request("load", self.slot, policy.state_dict())
-
-    def sleep(self) -> None:
-        """Nothing to free: the engine process keeps its memory to itself."""
-
-    def wake_up(self) -> None:
-        """See `sleep`."""
-
-
 @contextlib.contextmanager
 def engine_processes(
     config: RetoolConfig, precision: Precision, model: Any, tokenizer: Any, slots: int
@@ -442,7 +417,7 @@ def engine_processes(
             r.engine_threads,
             torch.get_num_threads(),
         )
-        yield [EngineSlot(processes[slot % count], slot) for slot in range(slots)]
+        yield [SlotEngine(processes[slot % count], slot) for slot in range(slots)]
     finally:
         torch.set_num_threads(trainer_threads)
         for process in processes:

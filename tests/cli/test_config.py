@@ -166,7 +166,6 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["trainer.fsdp=true", "rollout.dtype=bfloat16"], "trainer.fsdp: LoRA"),
         (["model.lora_rank=-1"], "model.lora_rank: must be >= 0"),
         (["trainer.max_staleness=-1"], "trainer.max_staleness: must be >= 0"),
-        (["trainer.max_staleness=1", "rollout=vllm"], "not with rollout.engine=vllm colocated"),
         (
             [
                 "trainer.max_staleness=1",

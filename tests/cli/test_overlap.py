@@ -224,16 +224,20 @@ def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_pa
     assert not alive(pids)
 
 
-def test_vllm_engine_processes_sample_the_same_whatever_the_speeds_and_their_count(
+def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_count(
     sft_checkpoint: Path, tmp_path: Path
 ) -> None:
-    """vLLM's CPU build in engine processes (rollout.placement=separate), k = 1 with partial rollouts: one
-    process holding both batches' weights (swapped per request), and two with random delays in the tools, the
-    engine processes and the update: the same metrics, kept trajectories and weights."""
-    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *SEPARATE, *VLLM]
+    """vLLM's CPU build, k = 1 with partial rollouts: colocated (the trainer's own engine, shared by the batches
+    in flight and periodic evaluation, weights swapped per call: rollout/weight_slots.py), in one engine process
+    holding both batches' weights, and in two, the last two with random delays in the tools, the engines and
+    the update: the same metrics, kept trajectories and weights."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *VLLM, *EVAL]
     extra += ["rollout.loop=turns"]  # partial rollouts switch weights between turns
-    one = train(tmp_path / "one", *extra)
-    train(tmp_path / "two", *extra, "rollout.engine_processes=2", env=JITTER)
-    assert_same_run(tmp_path / "two", tmp_path / "one")
+    one = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
+    assert "eval/accuracy" in one[1]  # the trainer's evaluation ran on the shared engine, with its own weights
     assert [r["rollout/behaviour_version"] for r in one] == [0, 0, 1, 2]
     assert max(r["rollout/partial_share"] for r in one) > 0
+    train(tmp_path / "one", *extra, *SEPARATE, env={**ONE_THREAD, **JITTER})
+    assert_same_run(tmp_path / "one", tmp_path / "colocated")
+    train(tmp_path / "two", *extra, *SEPARATE, "rollout.engine_processes=2", env={**ONE_THREAD, **JITTER})
+    assert_same_run(tmp_path / "two", tmp_path / "colocated")
