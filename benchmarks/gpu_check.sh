@@ -63,14 +63,15 @@ generator = torch.Generator().manual_seed(0)
 prompt = torch.randint(10, 300, (40,), generator=generator).tolist()
 sequences = [prompt + torch.randint(10, 300, (n,), generator=generator).tolist() for n in (300, 30, 120, 7)]
 prompt_lens = [len(prompt)] * len(sequences)
-for bf16 in (False, True):
+# shared prompts: SDPA per segment; whole sequences in bf16: flash-attention's varlen kernel (rl/packing.py)
+for shared, bf16 in ((True, False), (True, True), (False, False), (False, True)):
     padded, packed = (
-        sequence_logprobs(model, sequences, 0, device, bf16_autocast=bf16, prompt_lens=prompt_lens, shared_prefix=True,
-                          pack=pack)[0]
+        sequence_logprobs(model, sequences, 0, device, bf16_autocast=bf16, prompt_lens=prompt_lens,
+                          shared_prefix=shared, pack=pack)[0]
         for pack in (False, True)
     )
     response = packed != 0
-    print(f"packed vs padded, bf16_autocast={bf16}: max |log-prob difference| "
+    print(f"packed vs padded, shared prompts={shared}, bf16_autocast={bf16}: max |log-prob difference| "
           f"{(padded[response] - packed[response]).abs().max().item():.2e} over {int(response.sum())} tokens")
 EOF
 $RETOOL train recipe=dapo_smoke "${CUDA_BF16[@]}" model.name_or_path="$WORK/q05b" model.max_context_tokens=1024 \

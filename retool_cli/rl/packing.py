@@ -22,6 +22,7 @@ wherever SDPA does (CPU included) and also covers the shared-prompt layout.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from dataclasses import dataclass
@@ -34,7 +35,10 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 NAME = "retool_packed"
-_forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads); .masks
+_VARLEN: Any = None  # flash-attention over cumulative sequence lengths (CUDA builds of PyTorch >= 2.10)
+with contextlib.suppress(ImportError):  # an older PyTorch: SDPA per segment everywhere
+    from torch.nn.attention.varlen import varlen_attn as _VARLEN
+_forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads)
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ def packed_attention(
     if attention_mask is not None or query.shape[0] != 1:
         raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
     gqa = query.shape[1] != key.shape[1]
+    if _VARLEN is not None and _varlen_fits(query, dropout, packed_segments):
+        return _varlen_attention(query, key, value, scaling, packed_segments, gqa), None
     # split, not sliced: the backward of a split is one concatenation, where each slice's would add a
     # full-length zero tensor
     sizes = [s.end - s.start for s in packed_segments]
@@ -175,35 +181,49 @@ def packed_attention(
         else:  # a response over its shared prompt: all of the prompt, then causal over itself
             prompt = chunk_at[s.prefix_start]
             k, v = torch.cat([keys[prompt], k], dim=2), torch.cat([values[prompt], v], dim=2)
-            mask = _prefix_mask(s.end - s.start, s.prefix_end - s.prefix_start, q.dtype, q.device)
+            n, p = s.end - s.start, s.prefix_end - s.prefix_start
+            causal = torch.ones((n, n), dtype=torch.bool, device=q.device).tril()
+            allowed = torch.cat([torch.ones((n, p), dtype=torch.bool, device=q.device), causal], dim=1)  # (n, p + n)
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+                q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling, enable_gqa=gqa
             )
         outs.append(out)
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None  # (1, T, H, D)
 
 
-def _prefix_mask(n: int, p: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The additive mask of n response queries over [p prompt keys, n response keys]: 0 where allowed, -inf
-    elsewhere. Built once per packed forward for each (n, p) and reused by every layer: building it, and SDPA's
-    conversion of a boolean one, cost several percent of a packed update on CPU."""
-    masks: dict[tuple[Any, ...], torch.Tensor] | None = getattr(_forward, "masks", None)
-    key = (n, p, dtype, device)
-    if masks is not None and key in masks:
-        return masks[key]
-    mask = torch.full((n, p + n), float("-inf"), dtype=dtype, device=device)  # (n, p + n)
-    mask[:, :p] = 0.0
-    mask[:, p:].triu_(1)  # 0 on and below the diagonal: each response token sees itself and what precedes it
-    if masks is not None:  # (the recompute of gradient checkpointing runs outside the forward: no cache then)
-        masks[key] = mask
-    return mask
+def _varlen_fits(query: torch.Tensor, dropout: float, segments: tuple[Segment, ...]) -> bool:
+    """Whether flash-attention's varlen kernel computes this row: CUDA, half precision, no dropout, and no
+    shared prompt (a response over its prompt would rely on where the kernel aligns a causal mask whose query
+    and key lengths differ; those rows keep SDPA per segment)."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    return query.is_cuda and half and dropout == 0.0 and all(s.prefix_end == s.prefix_start for s in segments)
+
+
+def _varlen_attention(
+    query: torch.Tensor,  # (1, H, T, D)
+    key: torch.Tensor,  # (1, Hkv, T, D)
+    value: torch.Tensor,  # (1, Hkv, T, D)
+    scaling: float | None,
+    segments: tuple[Segment, ...],
+    gqa: bool,
+) -> torch.Tensor:
+    """Causal attention within each segment in one call of flash-attention's varlen kernel (verl's
+    use_remove_padding, TRL's padding-free collator): the segments' boundaries as cumulative lengths. (1, T, H, D)."""
+    bounds = [0, *(s.end for s in segments)]
+    cumulative = torch.tensor(bounds, dtype=torch.int32, device=query.device)  # (N + 1,)
+    longest = max(s.end - s.start for s in segments)
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # (T, H, D)
+    out: torch.Tensor = _VARLEN(
+        q, k, v, cumulative, cumulative, longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=gqa
+    )  # (T, H, D); window (-1, 0): causal
+    return out.unsqueeze(0)  # (1, T, H, D)
 
 
 def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V)."""
     enable(model)
     ids = row.input_ids.to(device)
-    _forward.packed, _forward.masks = True, {}
+    _forward.packed = True
     try:
         out = model(
             input_ids=ids,
@@ -214,7 +234,7 @@ def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: to
             use_cache=False,
         )
     finally:
-        _forward.packed, _forward.masks = False, None
+        _forward.packed = False
     logits: torch.Tensor = out.logits
     return logits
 

@@ -48,6 +48,45 @@ def test_packed_pass_equals_the_padded_pass(kind: str, shared: bool) -> None:
     assert model.config._attn_implementation == "retool_packed:sdpa"
 
 
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    """flash-attention's varlen kernel (torch.nn.attention.varlen, CUDA only) written out with SDPA, sequence by
+    sequence: (T, H, D) inputs, causal with window_size (-1, 0), as the packed path calls it."""
+    assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
+    bounds = cu_q.tolist()
+    assert max_q == max_k == max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    outs = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        x = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # (H, n, D)
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        )
+    return torch.cat(outs, dim=1).transpose(0, 1)  # (T, H, D)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_the_varlen_kernel_path_lays_out_the_row_as_the_kernel_reads_it(kind: str, monkeypatch) -> None:
+    """On CUDA a row without shared prompts goes to flash-attention's varlen kernel in one call. Here the kernel
+    is written out with SDPA (the CPU has none), so what is tested is our side: the (T, H, D) layout, the
+    cumulative lengths, the causal window, GQA and the output's shape; log-probs and gradients equal the padded
+    pass's. (benchmarks/gpu_check.sh runs the real kernel.)"""
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[3].tolist())
+        return reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "_VARLEN", kernel)
+    monkeypatch.setattr(
+        packing, "_varlen_fits", lambda query, dropout, segments: not any(s.prefix_end for s in segments)
+    )
+    model = tiny_model(kind).train()
+    sequences, prompt_lens = _grouped_sequences(0)
+    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    packed = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=True)
+    assert calls and calls[0][0] == 0 and len(calls) % model.config.num_hidden_layers == 0  # one call per layer
+    assert_same_pass(padded, packed)
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_packed_pass_with_a_real_vocabulary(kind: str) -> None:
     model = tiny_model(kind, vocab_size=REAL_VOCAB).train()
