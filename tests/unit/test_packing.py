@@ -4,6 +4,7 @@ LoRA, gradient checkpointing, bf16 autocast; the whole RL update; the unpacked f
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -53,9 +54,9 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_si
     sequence: (T, H, D) inputs, causal with window_size (-1, 0), as the packed path calls it."""
     assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32
     bounds = cu_q.tolist()
-    assert max_q == max_k == max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    assert max_q == max_k == max(b - a for a, b in itertools.pairwise(bounds))
     outs = []
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         x = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # (H, n, D)
         outs.append(
             torch.nn.functional.scaled_dot_product_attention(*x, is_causal=True, scale=scale, enable_gqa=enable_gqa)
