@@ -14,6 +14,7 @@ trainer's own engine (periodic evaluation) is one more slot holding the live pol
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Protocol
 
@@ -25,23 +26,25 @@ class WeightSlots:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.weights: dict[Any, Any] = {}  # slot -> its weights, loaded into the engine when a call needs them
-        self.current: Any = None  # the slot whose weights the engine holds (None: none of them)
+        # slot -> (serial, weights): loaded into the engine when a call needs them; the serial tells a slot's new
+        # weights from those the engine holds
+        self.weights: dict[Any, tuple[int, Any]] = {}
+        self.serials = itertools.count()
+        self.held: tuple[Any, int] | None = None  # (slot, serial) of the weights in the engine
         self.lock = threading.Lock()  # one call at a time: a load must not land in another slot's generation
 
     def load(self, slot: Any, weights: Any) -> None:
-        """`slot` samples with `weights` from its next call on (they are read then, not now)."""
-        with self.lock:
-            self.weights[slot] = weights
-            if self.current == slot:
-                self.current = None
+        """`slot` samples with `weights` from its next call on (they are read then, not now). Takes no lock, so
+        that a trainer handing over new weights never waits for another slot's call to end."""
+        self.weights[slot] = (next(self.serials), weights)  # one assignment: atomic under the GIL
 
     def generate(self, slot: Any, *args: Any) -> list[Generation]:
         """engine.generate(*args) with `slot`'s weights."""
         with self.lock:
-            if self.current != slot:
-                self.engine.update_weights(self.weights[slot])
-                self.current = slot
+            serial, weights = self.weights[slot]
+            if self.held != (slot, serial):
+                self.engine.update_weights(weights)
+                self.held = (slot, serial)
             return self.engine.generate(*args)
 
 
