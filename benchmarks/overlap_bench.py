@@ -4,7 +4,7 @@
 in a fresh process per run, on the same checkpoint, questions and seeds, the runs in a rotating order within
 each repeat (a ratio per repeat).
 
-    python benchmarks/overlap_bench.py [--checkpoint outputs/smoke/sft] [--repeats 3] [--steps 6]
+    python benchmarks/overlap_bench.py [--checkpoint outputs/smoke/sft] [--repeats 3] [--steps 6] [--engine vllm]
 
 Two workloads, as benchmarks/rollout_bench.py's `--loops` draws them: the smoke training step (its SFT
 checkpoint, 4 questions x 8, the real sandbox), and a long tail: a policy that calls the interpreter --calls
@@ -41,7 +41,7 @@ def one_run(spec: dict) -> dict:
     from retool_cli.run_keys import config_key
 
     config = command.from_checkpoint(
-        smoke_config("hf", [f"trainer.init_from={spec['checkpoint']}", *spec["overrides"]])
+        smoke_config(spec["engine"], [f"trainer.init_from={spec['checkpoint']}", *spec["overrides"]])
     )
     logged: list[float] = []
     rows: list[dict] = []
@@ -113,7 +113,15 @@ def main() -> None:
         runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for r in range(args.repeats):
             for arm in [*arms][r % len(arms) :] + [*arms][: r % len(arms)]:  # each arm first in turn
-                spec = {"checkpoint": str(checkpoint), "overrides": [*overrides, *arms[arm]], "tail": tail}
+                # vLLM: partial rollouts switch weights between turns (rollout.loop=turns); the others keep the
+                # default loop (async)
+                turns = ["rollout.loop=turns"] if args.engine == "vllm" and "rollout.partial=true" in arms[arm] else []
+                spec = {
+                    "checkpoint": str(checkpoint),
+                    "overrides": [*overrides, *arms[arm], *turns],
+                    "tail": tail,
+                    "engine": args.engine,
+                }
                 runs[arm].append(run_isolated(spec))
                 print(f"{name} repeat {r} {arm}: {runs[arm][-1]['s_per_step']:.2f} s/step", flush=True)
         for arm, got in runs.items():
@@ -146,6 +154,7 @@ def arguments() -> argparse.Namespace:
         "--arms", nargs="+", default=[*ARMS][1:], choices=[*ARMS, *MORE_ARMS][1:], help="beside k0 (always run)"
     )
     parser.add_argument("--workloads", nargs="+", default=["smoke", "long_tail"], choices=["smoke", "long_tail"])
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout=ENGINE (vllm: its CPU build)")
     add_json_out(parser)
     return parser.parse_args()
 

@@ -184,9 +184,9 @@ def run_rollouts(
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Sample `group_size` trajectories per example (grouped: example 0's samples first), calling `tools` (the
     protocol's calls name them; none with protocol=none), scheduled as rollout.loop says. Returns the
-    trajectories and the batch's rollout metrics. `weights_for_turn(turn)` (rollout.loop=turns only): called
-    before each round with its turn index (0 = the first), readies the engine's weights for it and returns their
-    version, which each sampled token records."""
+    trajectories and the batch's rollout metrics. `weights_for_turn(turn)`: called before each round with its
+    turn index (0 = the first), readies the engine's weights for it and returns their version, which each
+    sampled token records (rollout.loop=async: once, for turn 0, and only without rollout.partial)."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
     trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
@@ -203,10 +203,12 @@ def run_rollouts(
     for tool in tools:
         tool.reset()
     if loop_of(cfg) == "async":
-        if weights_for_turn is not None:
-            raise ValueError("weights_for_turn needs rollout.loop=turns, whose rounds keep a batch's turns aligned")
+        if weights_for_turn is not None and cfg.partial:
+            raise ValueError("partial rollouts need rollout.loop=turns, whose rounds keep a batch's turns aligned")
+        # without partial rollouts every turn has the first turn's weights: readied once, recorded on every token
+        version = -1 if weights_for_turn is None else weights_for_turn(0)
         with _open_stream(engine, protocol.stop_strings, base) as stream:
-            _run_async(loop, trajectories, stream)
+            _run_async(loop, trajectories, stream, version)
     else:
         _run_turns(loop, trajectories, overlap=cfg.overlap_sandbox and bool(tools))
     return trajectories, loop.metrics(trajectories)
@@ -254,9 +256,10 @@ def _tool_pool(threads: int) -> Iterator[ThreadPoolExecutor]:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream) -> None:
+def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream, version: int) -> None:
     """rollout.loop=async: each trajectory's turn is submitted when it is ready, each call runs in the tool pool
-    the moment its turn ends, and the engine advances whatever is in flight."""
+    the moment its turn ends, and the engine advances whatever is in flight. `version`: the weights' (-1: not
+    tracked)."""
     in_flight: set[int] = set()  # indices of the trajectories with a turn in the engine
     calls: dict[Future[list[tuple[_ToolJob, ToolOutput | None]]], _ToolJob] = {}
     index = {id(t): i for i, t in enumerate(trajectories)}
@@ -285,7 +288,7 @@ def _run_async(loop: _Loop, trajectories: list[Trajectory], stream: EngineStream
                     finished = stream.poll()
                 for i, gen in finished:
                     in_flight.remove(i)
-                    job = loop.finish_turn(trajectories[i], gen)
+                    job = loop.finish_turn(trajectories[i], gen, version)
                     if job is not None:
                         calls[pool.submit(loop.run_tools, [job])] = job
                 loop.generate_s += time.perf_counter() - started  # time with requests in flight

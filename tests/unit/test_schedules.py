@@ -128,6 +128,54 @@ def test_the_schedules_sample_the_same_trajectories_under_random_tool_latencies(
         assert metrics["rollout/generate_s"] > 0 and metrics["rollout/void_sandbox"] == 0
 
 
+def test_both_schedules_record_the_weights_version_of_overlapped_training(tokenizer, sandbox) -> None:
+    """Overlapped training passes `weights_for_turn` (rl/overlap.py). Without partial rollouts both schedules take
+    it (the async one asks once, for turn 0) and give every sampled token its version, every tool token -1, and
+    the same trajectories; partial rollouts switch versions between turns, which only the turns loop keeps
+    aligned: the async loop refuses them."""
+    tools = [CodeInterpreter(sandbox, tokenizer, RolloutConfig())]
+    asked: dict[str, list[int]] = {"turns": [], "async": []}
+    runs = {}
+    for name, loop in (("turns", TURNS), ("async", ASYNC)):
+        protocol = TaggedProtocol(tokenizer, "SYS")
+        cfg = RolloutConfig(group_size=3, max_response_tokens=400, max_turns=5, max_code_calls=4, loop=loop)
+
+        def weights_for_turn(turn: int, name: str = name) -> int:
+            asked[name].append(turn)
+            return 7
+
+        runs[name], _ = run_rollouts(
+            questions(4),
+            SeededScript(tokenizer),
+            protocol,
+            tools,
+            cfg,
+            seed=5,
+            max_context_tokens=1024,
+            weights_for_turn=weights_for_turn,
+        )
+    same(runs["async"], runs["turns"])
+    assert asked["async"] == [0] and asked["turns"][0] == 0 and max(asked["turns"]) >= 1
+    for t in runs["async"]:
+        assert len(t.response_versions) == len(t.response_ids)
+        assert [v for v, m in zip(t.response_versions, t.response_mask, strict=True) if m] == [7] * sum(t.response_mask)
+        assert all(v == -1 for v, m in zip(t.response_versions, t.response_mask, strict=True) if not m)
+    assert [t.response_versions for t in runs["async"]] == [t.response_versions for t in runs["turns"]]
+
+    partial = RolloutConfig(group_size=3, loop=ASYNC, partial=True)
+    with pytest.raises(ValueError, match="partial rollouts need rollout.loop=turns"):
+        run_rollouts(
+            questions(1),
+            SeededScript(tokenizer),
+            TaggedProtocol(tokenizer, "SYS"),
+            tools,
+            partial,
+            seed=5,
+            max_context_tokens=1024,
+            weights_for_turn=lambda turn: 0,
+        )
+
+
 @pytest.fixture(scope="module")
 def code_policy(tokenizer, sandbox):
     """The tiny model trained on a few code-calling trajectories: sampled at temperature 1 it writes code calls
