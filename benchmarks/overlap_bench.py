@@ -78,7 +78,11 @@ ARMS = {  # the runs compared, by the overrides that make them
     "k1_partial_separate": ["trainer.max_staleness=1", "rollout.partial=true", "rollout.placement=separate"],
 }
 PARTIAL2 = ["rollout.partial_turns=2"]  # (with --arms) the first two turns with the batch's own weights
+# (with --arms) the first 48 model tokens with the batch's own weights, a turn cut there continued (the turn count
+# set past the policy's turns, so that the tokens alone decide)
+TOKENS48 = ["rollout.partial_turns=8", "rollout.partial_tokens=48"]
 MORE_ARMS = {f"{arm}_turns2": [*ARMS[arm], *PARTIAL2] for arm in ("k1_partial", "k1_partial_separate")}
+MORE_ARMS |= {f"{arm}_tokens48": [*ARMS[arm], *TOKENS48] for arm in ("k1_partial", "k1_partial_separate")}
 
 
 def run_isolated(spec: dict) -> dict:

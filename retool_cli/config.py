@@ -258,13 +258,20 @@ class RolloutConfig:
     partial: bool = doc(
         False,
         "partial rollouts, with trainer.max_staleness >= 1 (train): a trajectory samples its first "
-        "rollout.partial_turns turns with its batch's weights (version v(s) = s - 1 - k) and continues under the "
-        "next version (at most the trainer's own) once it is published; a tool call in flight finishes first. "
-        "Which version samples which turn is fixed by the config; each token records its version "
-        "(rollout/staleness_*, rollout/partial_share). Fresher tokens for long trajectories, for a wait: a batch's "
-        "later turns start only after that update (README, Overlapped training)",
+        "rollout.partial_turns turns (and at most rollout.partial_tokens model tokens) with its batch's weights "
+        "(version v(s) = s - 1 - k) and continues under the next version (at most the trainer's own) once it is "
+        "published and the batch's other trajectories got that far; a tool call in flight finishes first, a turn cut "
+        "at the token budget keeps its tokens. Which version samples which token is fixed by the config; each token "
+        "records its version (rollout/staleness_*, rollout/partial_share). Fresher tokens for long trajectories, for "
+        "a wait: a batch's tail starts only after that update (README, Overlapped training)",
     )
     partial_turns: int = doc(1, "rollout.partial: the turns each trajectory samples with its batch's own weights")
+    partial_tokens: int | None = doc(
+        None,
+        "rollout.partial: also switch within a turn: the model tokens each trajectory samples with its batch's own "
+        "weights at most (null: the turns alone decide). A turn cut there continues, its tokens kept, under the next "
+        "version: for long single turns (a 16k-token reasoning turn)",
+    )
     placement: RolloutPlacement = doc(
         RolloutPlacement.colocated,
         "with trainer.max_staleness >= 1, where the sampler's engines run: colocated = threads of the trainer's "
@@ -346,8 +353,9 @@ class RolloutConfig:
             "engine_threads",
         ):
             _check(getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1")
-        per_turn = self.max_tokens_per_turn
-        _check(per_turn is None or per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1 (or null)")
+        for key in ("max_tokens_per_turn", "partial_tokens"):
+            _check(getattr(self, key) is None or getattr(self, key) >= 1, f"rollout.{key}", "must be >= 1 (or null)")
+        _check(self.partial or self.partial_tokens is None, "rollout.partial_tokens", "needs rollout.partial=true")
         _check(self.max_code_calls >= 0, "rollout.max_code_calls", "must be >= 0")
         _check(self.engine_restarts >= 0, "rollout.engine_restarts", "must be >= 0")
         _check(self.weight_bucket_mb > 0, "rollout.weight_bucket_mb", "must be > 0")
@@ -1010,8 +1018,9 @@ class RetoolConfig:
             _check(
                 self.rollout.loop is not RolloutLoop["async"],  # auto: turns with the hf engine (checked below)
                 "rollout.loop",
-                f"{self.rollout.loop.value}: partial rollouts (rollout.partial) switch weights between turns, which "
-                "the turns loop keeps aligned across a batch; use rollout.loop=turns (or auto with the hf engine)",
+                f"{self.rollout.loop.value}: partial rollouts (rollout.partial) switch a batch's weights once its "
+                "trajectories got that far, which the turns loop's rounds keep apart; use rollout.loop=turns (or auto "
+                "with the hf engine)",
             )
         if self.rollout.placement is RolloutPlacement.separate:
             _check(

@@ -321,16 +321,15 @@ def sample_ahead(
     """The sampler's pipeline over `engines`, its first weights published."""
     t = config.trainer
 
-    def sample(step: int, cursor: int, engine: Engine, weights_for_turn: Callable[[int], int]) -> tuple[Any, int]:
+    def sample(step: int, cursor: int, engine: Engine, weights_for_phase: Callable[[int], int]) -> tuple[Any, int]:
         pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
         die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
         # the tools and judge are shared
-        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_turn)
+        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_phase)
 
     per_step = None if t.dynamic_sampling else t.questions_per_step
     last, timeout = t.total_steps, config.rollout.engine_timeout_s
-    partial_turns = config.rollout.partial_turns if config.rollout.partial else None
-    args = (sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step, partial_turns)
+    args = (sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step, config.rollout.partial)
     with Pipeline(*args) as pipeline:
         pipeline.publish(start, model)
         yield pipeline

@@ -24,16 +24,17 @@ first and samples step c+k+1 with version c, the checkpoint's own weights, as th
 signal ends the run at a step's end, after the batches in flight (stops.py's grace bounds it; a kill resumes
 from the last checkpoint as exactly).
 
-Partial rollouts (rollout.partial, turn-aligned): a trajectory samples its first `partial_turns` turns with
-version v(s) and the rest with
+Partial rollouts (rollout.partial): a trajectory samples its first `partial_turns` turns (and, with
+`partial_tokens`, at most that many model tokens) with version v(s), and the rest with
 
     the tail version  t(s) = min(v(s) + 1, s - 1)
 
-loaded into the batch's engine between rounds, once published (a tool call in flight finishes first: the switch
-happens at a turn boundary, and every trajectory of a round is at the same turn). Which version samples which
-token is again a function of the step and the turn, never of timing; each token records its version
-(Trajectory.response_versions) beside the sampler's log-prob. The tails are fresher (lag k - 1), and wait for
-update s - k: with k = 1 that is the update just before their step, so the trainer waits for them.
+loaded into the batch's engine once every trajectory of the batch has reached that point (rollout/agent.py: the
+loop's phases). A tool call in flight finishes first; a turn cut at the token budget keeps its tokens and
+continues under the tail version. Which version samples which token is again a function of the step, the turn
+and the token count, never of timing; each token records its version (Trajectory.response_versions) beside the
+sampler's log-prob. The tails are fresher (lag k - 1), and wait for update s - k: with k = 1 that is the update
+just before their step, so the trainer waits for them.
 
 The loss on stale tokens is decoupled PPO (Hilton et al. 2022, arXiv 2110.00641; AReaL, Fu et al. 2025, arXiv
 2505.24298): the behaviour policy is the sampler's log-prob per token (kept with each trajectory), the proximal
@@ -56,8 +57,9 @@ from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import Engine, Generation, Sampling
 from retool_cli.rl.batch import Batch
 
-# (step, data cursor, engine, weights_for_turn) -> (the step's batch sampled with the engine, the data cursor after
-# it); weights_for_turn(turn) readies the engine's weights for a turn and returns their version (run_rollouts)
+# (step, data cursor, engine, weights_for_phase) -> (the step's batch sampled with the engine, the data cursor
+# after it); weights_for_phase(phase) readies the engine's weights for a phase of the batch (0: its own, 1: the
+# tail of partial rollouts) and returns their version (run_rollouts)
 Collect = Callable[[int, int, Engine, Callable[[int], int]], tuple[Batch, int]]
 WAIT_POLL_S = 0.5  # how often a waiting trainer looks at the sampler's health
 
@@ -67,13 +69,12 @@ def behaviour_version(step: int, max_staleness: int) -> int:
     return max(0, step - 1 - max_staleness)
 
 
-def turn_version(step: int, max_staleness: int, turn: int, partial_turns: int | None) -> int:
-    """The weight version that samples turn `turn` (0 = the first) of step `step`'s trajectories: the batch's
-    own, or with partial rollouts from turn `partial_turns` on the next one, at most the trainer's (s - 1)."""
+def phase_version(step: int, max_staleness: int, phase: int) -> int:
+    """The weight version that samples phase `phase` of step `step`'s trajectories: 0, the batch's own; 1 (partial
+    rollouts, after the first rollout.partial_turns turns or partial_tokens tokens) the next one, at most the
+    trainer's (s - 1)."""
     version = behaviour_version(step, max_staleness)
-    if partial_turns is None or turn < partial_turns:
-        return version
-    return min(version + 1, step - 1)
+    return version if phase == 0 else min(version + 1, step - 1)
 
 
 class WeightSnapshot:
@@ -143,7 +144,7 @@ class Pipeline:
         pending: list[tuple[Batch, int]],
         engine_timeout_s: float,
         questions_per_step: int | None,
-        partial_turns: int | None = None,
+        partial: bool = False,
     ) -> None:
         """`collect` samples a step's batch with one of `engines` (each a copy of the weights: up to that many
         batches in flight, k + 1 at most); `start`: the step the policy's weights are at (a resumed
@@ -151,10 +152,10 @@ class Pipeline:
         batches of steps start+1 .. that a checkpoint kept, each with the data cursor after it; `cursor`: the
         data cursor after the last of them (after step `start`'s without them); `questions_per_step`: what each
         batch advances the cursor by, or None when only the batch knows (dynamic sampling: one in flight);
-        `partial_turns`: rollout.partial_turns with partial rollouts, else None."""
+        `partial`: rollout.partial (each batch's tail sampled by the next version)."""
         self.collect, self.engines = collect, [_WatchedEngine(e) for e in engines]
         self.k, self.last, self.engine_timeout_s = max_staleness, last, engine_timeout_s
-        self.partial_turns = partial_turns
+        self.partial = partial
         self.newest_needed = self.tail_version(last)  # the last version to publish
         self.cursor, self.per_step = cursor, questions_per_step  # cursor: after the last batch sampled
         self.cond = threading.Condition()  # guards what follows
@@ -191,7 +192,7 @@ class Pipeline:
 
     def tail_version(self, step: int) -> int:
         """The newest weights that sample step `step`'s batch (its own version, without partial rollouts)."""
-        return turn_version(step, self.k, self.partial_turns or 0, self.partial_turns)
+        return phase_version(step, self.k, int(self.partial))
 
     def _dispatch(self) -> None:
         """Start each step's batch, in step order, once its weights are published, an engine is free and
@@ -231,8 +232,8 @@ class Pipeline:
         try:
             started = time.perf_counter()
 
-            def weights_for_turn(turn: int) -> int:
-                want = turn_version(step, self.k, turn, self.partial_turns)
+            def weights_for_phase(phase: int) -> int:
+                want = phase_version(step, self.k, phase)
                 if self.loaded[engine] != want:
                     weights = snapshot if want == version else self._published(want)
                     loading = time.perf_counter()
@@ -242,8 +243,8 @@ class Pipeline:
                     self.loaded[engine] = want
                 return want
 
-            weights_for_turn(0)
-            batch, after = self.collect(step, cursor, self.engines[engine], weights_for_turn)
+            weights_for_phase(0)
+            batch, after = self.collect(step, cursor, self.engines[engine], weights_for_phase)
             if self.per_step is not None and after != cursor + self.per_step:
                 raise RuntimeError(
                     f"step {step}'s batch moved the data cursor by {after - cursor}, not {self.per_step}"

@@ -79,11 +79,11 @@ def collect(
     cursor: int,
     step: int,
     rt: Runtime,
-    weights_for_turn: Callable[[int], int] | None = None,
+    weights_for_phase: Callable[[int], int] | None = None,
 ) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
     of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);
-    the update then drops the all-equal groups. `weights_for_turn`: overlapped training's (rl/overlap.py; see
+    the update then drops the all-equal groups. `weights_for_phase`: overlapped training's (rl/overlap.py; see
     run_rollouts)."""
     t = plan.trainer
     rounds: list[Batch] = []
@@ -105,7 +105,7 @@ def collect(
             seed=seed,
             max_context_tokens=plan.max_context_tokens,
             group_size=plan.rollout.group_size * t.roc_oversample,
-            weights_for_turn=weights_for_turn,
+            weights_for_phase=weights_for_phase,
         )
         started = time.perf_counter()
         scores = score_batch([x.response() for x in got], plan.reward, rt.judge)

@@ -21,9 +21,14 @@ engine call has rollout.engine_timeout_s (rollout/watchdog.py). A trajectory the
 sandbox worker died, the engine dropped its request, its deadline) is marked void (`infra`): the trainer leaves
 it out of the loss and of its group's statistics rather than score it as a wrong answer.
 
-Overlapped training's partial rollouts (rl/overlap.py) pass `weights_for_turn`: before each round the loop asks
-it for the weights of that turn (it may load newer ones into the engine, between turns, never within one) and
-records the version with every token the turn samples (Trajectory.response_versions).
+Overlapped training (rl/overlap.py) passes `weights_for_phase`, and the loop records the version it returns with
+every token sampled (Trajectory.response_versions). With partial rollouts (rollout.partial; turns loop) a batch has
+two phases: each trajectory samples its first rollout.partial_turns turns, and at most rollout.partial_tokens
+model tokens, in phase 0 (the batch's own weights); a turn that reaches the token budget is cut there and kept.
+Once no running trajectory is left in phase 0 the loop asks for phase 1's weights (the engine may load newer
+ones) and the rest samples with them; a cut turn continues from its tokens with a seed of its own. The engine
+looked for stop strings only in what it generated, so one that straddles the cut ends the turn where it
+completes, as the engine would have ended an uncut turn.
 """
 
 from __future__ import annotations
@@ -78,9 +83,10 @@ class Trajectory:
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = tool output
     response_logprobs: list[float] = field(default_factory=list)  # sampling logprobs (0.0 where mask is 0)
     # the weight version that sampled each response token (-1 for tool output); empty unless the caller gives
-    # versions (overlapped training: run_rollouts' weights_for_turn)
+    # versions (overlapped training: run_rollouts' weights_for_phase)
     response_versions: list[int] = field(default_factory=list)
     turns: int = 0  # generation segments
+    open_turn: int | None = None  # where a turn cut at rollout.partial_tokens starts in response_ids (it continues)
     tool_calls: list[ToolCall] = field(default_factory=list)  # the well-formed calls, in order
     tool_outputs: list[ToolOutput] = field(default_factory=list)  # what each returned (tool_calls[i]'s)
     invalid_calls: int = 0
@@ -145,11 +151,12 @@ def sample_row(t: Trajectory, s: RewardScore, seed: int | None, tools: list[Tool
     }
 
 
-def request_seed(batch_seed: int, question: str, sample_index: int, turn: int) -> int:
+def request_seed(batch_seed: int, question: str, sample_index: int, turn: int, continued: bool = False) -> int:
     """The sampling seed of one request: a hash of (the batch's seed, the question (its id, and which occurrence
-    of it in the batch), the sample, the turn), so that no schedule, batch composition or completion order
-    changes what a trajectory samples. 63 bits (vLLM's and torch's generators take them)."""
-    key = f"{batch_seed}|{question}|{sample_index}|{turn}".encode()
+    of it in the batch), the sample, the turn, and whether it continues a turn cut by partial rollouts), so that
+    no schedule, batch composition or completion order changes what a trajectory samples. 63 bits (vLLM's and
+    torch's generators take them)."""
+    key = f"{batch_seed}|{question}|{sample_index}|{turn}{'|continued' if continued else ''}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
@@ -180,13 +187,13 @@ def run_rollouts(
     max_context_tokens: int,
     group_size: int | None = None,
     sampling: Sampling | None = None,
-    weights_for_turn: Callable[[int], int] | None = None,
+    weights_for_phase: Callable[[int], int] | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Sample `group_size` trajectories per example (grouped: example 0's samples first), calling `tools` (the
     protocol's calls name them; none with protocol=none), scheduled as rollout.loop says. Returns the
-    trajectories and the batch's rollout metrics. `weights_for_turn(turn)`: called before each round with its
-    turn index (0 = the first), readies the engine's weights for it and returns their version, which each
-    sampled token records (rollout.loop=async: once, for turn 0, and only without rollout.partial)."""
+    trajectories and the batch's rollout metrics. `weights_for_phase(phase)`: readies the engine's weights for
+    phase 0 (the batch's own) or 1 (partial rollouts' tail) and returns their version, which each sampled token
+    records; asked before every round (rollout.loop=async: once, for phase 0, and only without rollout.partial)."""
     group = group_size or cfg.group_size
     base = sampling or Sampling(cfg.temperature, cfg.top_p, cfg.top_k, seed)
     trajectories = [Trajectory(ex, j, protocol.prompt_ids(ex.question)) for ex in examples for j in range(group)]
@@ -199,14 +206,14 @@ def run_rollouts(
         questions += [f"{ex.id}#{occurrence[ex.id]}"] * group
         occurrence[ex.id] += 1
     by_trajectory = dict(zip(map(id, trajectories), questions, strict=True))
-    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory, weights_for_turn)
+    loop = _Loop(engine, protocol, tools, cfg, base, max_context_tokens, by_trajectory, weights_for_phase)
     for tool in tools:
         tool.reset()
     if loop_of(cfg) == "async":
-        if weights_for_turn is not None and cfg.partial:
-            raise ValueError("partial rollouts need rollout.loop=turns, whose rounds keep a batch's turns aligned")
-        # without partial rollouts every turn has the first turn's weights: readied once, recorded on every token
-        version = -1 if weights_for_turn is None else weights_for_turn(0)
+        if loop.partial:
+            raise ValueError("partial rollouts need rollout.loop=turns, whose rounds keep a batch's phases apart")
+        # without partial rollouts every token has the batch's own weights: readied once, recorded on every token
+        version = -1 if weights_for_phase is None else weights_for_phase(0)
         with _open_stream(engine, protocol.stop_strings, base) as stream:
             _run_async(loop, trajectories, stream, version)
     else:
@@ -215,12 +222,13 @@ def run_rollouts(
 
 
 def _run_turns(loop: _Loop, trajectories: list[Trajectory], overlap: bool) -> None:
-    """rollout.loop=turns: a round is one engine call for every running trajectory of a cohort, then the round's
-    tool calls (each tool's together); with `overlap`, two cohorts, one's calls running while the other
-    generates."""
+    """rollout.loop=turns: a round is one engine call for every running trajectory of a cohort in the batch's
+    current phase, then the round's tool calls (each tool's together); with `overlap`, two cohorts, one's calls
+    running while the other generates."""
     cohorts = [trajectories[0::2], trajectories[1::2]] if overlap else [trajectories]
     with _tool_pool(1) as worker:
         pending: list[Future[Any] | None] = [None] * len(cohorts)
+        idle_passes = 0
         while True:
             progressed = False
             for c, cohort in enumerate(cohorts):
@@ -235,14 +243,22 @@ def _run_turns(loop: _Loop, trajectories: list[Trajectory], overlap: bool) -> No
                 if loop.past_deadline():
                     loop.stop_at_deadline(running)
                     continue
-                if not running:
+                phase = loop.batch_phase(trajectories)
+                running = [t for t in running if loop.phase(t) == phase]
+                if not running:  # done, or in phase 1 while the other cohort finishes phase 0
                     continue
                 progressed = True
-                jobs = loop.generate_round(running)
+                jobs = loop.generate_round(running, phase)
                 if jobs:
                     pending[c] = worker.submit(loop.run_tools, jobs)
             if not progressed and all(p is None for p in pending):
-                break
+                if not any(not t.stop_reason for t in trajectories):
+                    break
+                idle_passes += 1  # one pass may find a cohort waiting on a phase that has just ended
+                if idle_passes > 1:
+                    raise RuntimeError("the turns loop stalled with trajectories running and no call pending")
+            else:
+                idle_passes = 0
 
 
 @contextlib.contextmanager
@@ -352,10 +368,10 @@ class _Loop:
         sampling: Sampling,
         max_context: int,
         questions: dict[int, str],
-        weights_for_turn: Callable[[int], int] | None = None,
+        weights_for_phase: Callable[[int], int] | None = None,
     ) -> None:
         """`questions`: each trajectory's question key (its id, and which occurrence in the batch), by id(t);
-        `weights_for_turn`: see run_rollouts."""
+        `weights_for_phase`: see run_rollouts."""
         self.engine, self.protocol, self.cfg = engine, protocol, cfg
         self.tools = {tool.name: tool for tool in tools}
         self.sampling, self.max_context, self.questions = sampling, max_context, questions
@@ -363,16 +379,37 @@ class _Loop:
         self.deadline = time.monotonic() + cfg.trajectory_timeout_s if cfg.trajectory_timeout_s > 0 else None
         self.generate_s = self.wait_tools_s = 0.0
         self.sampled_tokens = self.prompt_tokens = self.cached_tokens = 0
-        self.weights_for_turn = weights_for_turn
+        self.cut_turns = 0  # turns cut at rollout.partial_tokens (each continued in phase 1)
+        self.weights_for_phase = weights_for_phase
+        self.partial = cfg.partial and weights_for_phase is not None  # two phases (rollout.partial)
 
     def seed_of(self, t: Trajectory) -> int:
-        """The seed of the trajectory's next turn."""
-        return request_seed(self.sampling.seed, self.questions[id(t)], t.sample_index, t.turns)
+        """The seed of the trajectory's next request: its turn's, or that of a cut turn's continuation."""
+        return request_seed(self.sampling.seed, self.questions[id(t)], t.sample_index, t.turns, t.open_turn is not None)
 
     def budget(self, t: Trajectory) -> int:
-        """The token budget of a trajectory's next turn."""
+        """The token budget of a trajectory's next request (the rest of a cut turn's)."""
         per_turn = self.cfg.max_tokens_per_turn or self.cfg.max_response_tokens  # None: the rest of the response
+        if t.open_turn is not None:
+            per_turn -= len(t.response_ids) - t.open_turn
         return min(per_turn, self.cfg.max_response_tokens - len(t.response_ids), self.max_context - len(t.token_ids))
+
+    def phase_tokens_left(self, t: Trajectory) -> int | None:
+        """Model tokens a trajectory may still sample in phase 0 (rollout.partial_tokens; None: no such budget)."""
+        if not self.partial or self.cfg.partial_tokens is None:
+            return None
+        return self.cfg.partial_tokens - sum(t.response_mask)
+
+    def phase(self, t: Trajectory) -> int:
+        """0 while a trajectory samples with its batch's own weights; 1 once partial rollouts move it on, after
+        rollout.partial_turns turns or rollout.partial_tokens model tokens."""
+        left = self.phase_tokens_left(t)
+        return int(self.partial and (t.turns >= self.cfg.partial_turns or (left is not None and left <= 0)))
+
+    def batch_phase(self, trajectories: list[Trajectory]) -> int:
+        """The phase the batch samples in: 1 only once no running trajectory is left in phase 0 (its weights are
+        loaded once, and never unloaded for an earlier phase)."""
+        return min((self.phase(t) for t in trajectories if not t.stop_reason), default=1)
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -384,49 +421,63 @@ class _Loop:
         for t in running:
             t.stop_reason, t.infra = "deadline", "deadline"
 
-    def generate_round(self, running: list[Trajectory]) -> list[_ToolJob]:
-        """rollout.loop=turns: one engine call for `running` (trajectories in batch order); their tool calls."""
-        version = self.ready_weights(running)
+    def generate_round(self, running: list[Trajectory], phase: int) -> list[_ToolJob]:
+        """rollout.loop=turns: one engine call for `running` (trajectories in batch order, all in `phase`); their
+        tool calls. In phase 0 a request stops at the phase's token budget, its turn cut there."""
+        version = self.ready_weights(phase)
         budgets = [self.budget(t) for t in running]
+        lefts = [self.phase_tokens_left(t) if phase == 0 else None for t in running]
+        caps = [budget if left is None else min(budget, left) for budget, left in zip(budgets, lefts, strict=True)]
         seeds = [self.seed_of(t) for t in running]
         started = time.perf_counter()
         jitter("engine")  # the determinism tests' random delay (faults.py; nothing outside tests)
         with time_limit(self.cfg.engine_timeout_s, "a turn's engine call", _TIMEOUT_KEY):
             generations = self.engine.generate(
-                [t.token_ids for t in running], budgets, self.protocol.stop_strings, self.sampling, seeds
+                [t.token_ids for t in running], caps, self.protocol.stop_strings, self.sampling, seeds
             )
         self.generate_s += time.perf_counter() - started
-        jobs = [self.finish_turn(t, gen, version) for t, gen in zip(running, generations, strict=True)]
+        jobs = []
+        for t, gen, cap, budget in zip(running, generations, caps, budgets, strict=True):
+            cut = cap < budget and gen.finish_reason == "length" and len(gen.token_ids) >= cap
+            jobs.append(self.finish_turn(t, gen, version, cut))
         return [job for job in jobs if job is not None]
 
-    def ready_weights(self, running: list[Trajectory]) -> int:
-        """The weight version of this round's turn, readied by `weights_for_turn` (-1: versions not tracked).
+    def ready_weights(self, phase: int) -> int:
+        """The weight version of this round's phase, readied by `weights_for_phase` (-1: versions not tracked).
         Waiting for newer weights is not the trajectories' time: their deadline moves by the wait."""
-        if self.weights_for_turn is None:
+        if self.weights_for_phase is None:
             return -1
-        turn = running[0].turns
-        if any(t.turns != turn for t in running):  # a cohort starts together and advances a turn a round
-            raise RuntimeError(f"a round mixes turns {sorted({t.turns for t in running})}: versions would be ambiguous")
         started = time.monotonic()
-        version = self.weights_for_turn(turn)
+        version = self.weights_for_phase(phase)
         if self.deadline is not None:
             self.deadline += time.monotonic() - started
         return version
 
-    def finish_turn(self, t: Trajectory, gen: Generation, version: int = -1) -> _ToolJob | None:
-        """Append a generated turn (sampled by weight version `version`, -1: not tracked); the tool call it makes
-        (None when the trajectory stops here)."""
+    def finish_turn(self, t: Trajectory, gen: Generation, version: int = -1, cut: bool = False) -> _ToolJob | None:
+        """Append a generated turn, or part of one (sampled by weight version `version`, -1: not tracked; `cut`: at
+        the phase's token budget, the turn continues in the next phase); the tool call it makes (None when the
+        trajectory stops here or its turn was cut)."""
         self.sampled_tokens += len(gen.token_ids)
         self.prompt_tokens += len(t.token_ids)
         self.cached_tokens += gen.cached_tokens
+        start = len(t.response_ids) if t.open_turn is None else t.open_turn
+        if t.open_turn is not None:
+            gen = self.end_at_straddling_stop(t.response_ids[start:], gen)
         t.response_ids += gen.token_ids
         t.response_mask += [1] * len(gen.token_ids)
         t.response_logprobs += gen.logprobs
         if version >= 0:
             t.response_versions += [version] * len(gen.token_ids)
+        turn_text = self.tokenizer.decode(t.response_ids[start:])  # the whole turn's: byte-level pieces join
+        if t.open_turn is None:
+            t.segments.append(("model", turn_text))
+        else:
+            t.segments[-1] = ("model", turn_text)
+        t.open_turn = start if cut else None
+        if cut:
+            self.cut_turns += 1
+            return None
         t.turns += 1
-        turn_text = self.tokenizer.decode(gen.token_ids)
-        t.segments.append(("model", turn_text))
         cfg = self.cfg
         if gen.finish_reason == "error":
             t.stop_reason, t.infra = "infra_error", "engine"
@@ -449,6 +500,19 @@ class _Loop:
                 t.void_turns += 1
             return _ToolJob(t, call)
         return None
+
+    def end_at_straddling_stop(self, before: list[int], gen: Generation) -> Generation:
+        """A cut turn's continuation, ended where a stop string straddling the cut completes (the engine looked
+        only at its own tokens; uncut, it would have stopped at that token, which it keeps)."""
+        strings = self.protocol.stop_strings
+        longest = max(map(len, strings), default=0)
+        for i in range(1, min(len(gen.token_ids), longest) + 1):  # a token is at least one character
+            tail = self.tokenizer.decode((before + gen.token_ids[:i])[-(longest + 2) :])
+            if any(s in tail for s in strings):
+                if i == len(gen.token_ids) and gen.finish_reason in ("stop", "eos"):
+                    return gen
+                return Generation(gen.token_ids[:i], gen.logprobs[:i], "stop", gen.cached_tokens)
+        return gen
 
     def run_tools(self, jobs: list[_ToolJob]) -> list[tuple[_ToolJob, ToolOutput | None]]:
         """Run calls, each tool's together; returns (job, its output, or None for a malformed call)."""
@@ -480,7 +544,7 @@ class _Loop:
                 t.response_ids += ids
                 t.response_mask += [0] * len(ids)
                 t.response_logprobs += [0.0] * len(ids)
-                if self.weights_for_turn is not None:
+                if self.weights_for_phase is not None:
                     t.response_versions += [-1] * len(ids)
                 t.segments.append(("tool", self.tokenizer.decode(ids)))
 
@@ -499,6 +563,7 @@ class _Loop:
             "rollout/tool_result_tokens": tool_tokens / n,
             "rollout/response_tokens": sum(len(t.response_ids) for t in trajectories) / n,
             "rollout/truncated": sum(t.truncated for t in trajectories) / n,
+            "rollout/cut_turns": self.cut_turns / n,  # partial rollouts: turns cut at the token budget, continued
             # wall seconds with any request in flight, and the engine's utilisation: tokens decoded per second of it
             "rollout/generate_s": self.generate_s,
             "rollout/gen_tokens_per_s": self.sampled_tokens / self.generate_s if self.generate_s else 0.0,

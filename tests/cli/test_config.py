@@ -180,6 +180,8 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
         (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),
         (["rollout.partial=true", "trainer.max_staleness=1", "rollout.loop=async"], "rollout.loop: async: partial"),
         (["rollout.partial_turns=0"], "rollout.partial_turns: must be >= 1"),
+        (["rollout.partial=true", "rollout.partial_tokens=0"], "rollout.partial_tokens: must be >= 1"),
+        (["rollout.partial_tokens=64"], "rollout.partial_tokens: needs rollout.partial=true"),
         (["rollout.placement=separate"], "rollout.placement: separate puts the overlapped sampler's engines"),
         (["rollout.engine_processes=0"], "rollout.engine_processes: must be >= 1"),
         (["rollout.engine_threads=0"], "rollout.engine_threads: must be >= 1"),

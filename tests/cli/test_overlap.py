@@ -129,7 +129,8 @@ def test_partial_rollouts_sample_later_turns_with_newer_weights_whatever_the_spe
     assert all(r["rollout/staleness_mean"] == r["rollout/staleness_max"] for r in whole)
 
 
-PARTIAL = ["rollout.partial=true", "rollout.max_tokens_per_turn=24"]
+# turns short enough that trajectories take several; each trajectory's first turn cut after 16 tokens and continued
+PARTIAL = ["rollout.partial=true", "rollout.max_tokens_per_turn=24", "rollout.partial_tokens=16"]
 # engine processes of their own, the weights sent in many buckets (a kill mid-transfer falls between two)
 SEPARATE = ["rollout.placement=separate", "rollout.weight_bucket_mb=0.05"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the trainer's and every engine's: the same arithmetic in each placement
@@ -190,6 +191,7 @@ def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint:
     assert_same_run(tmp_path / "separate", tmp_path / "colocated")
     assert all(r["time/weight_transfer_s"] > 0 for r in separate)
     assert max(r["rollout/partial_share"] for r in colocated) > 0  # partial rollouts did load newer weights
+    assert max(r["rollout/cut_turns"] for r in colocated) > 0  # and continued turns cut at rollout.partial_tokens
 
     two = tmp_path / "two"
     two.mkdir()
@@ -236,7 +238,7 @@ def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_
     one = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
     assert "eval/accuracy" in one[1]  # the trainer's evaluation ran on the shared engine, with its own weights
     assert [r["rollout/behaviour_version"] for r in one] == [0, 0, 1, 2]
-    assert max(r["rollout/partial_share"] for r in one) > 0
+    assert max(r["rollout/partial_share"] for r in one) > 0 and max(r["rollout/cut_turns"] for r in one) > 0
     train(tmp_path / "one", *extra, *SEPARATE, env={**ONE_THREAD, **JITTER})
     assert_same_run(tmp_path / "one", tmp_path / "colocated")
     train(tmp_path / "two", *extra, *SEPARATE, "rollout.engine_processes=2", env={**ONE_THREAD, **JITTER})

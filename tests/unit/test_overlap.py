@@ -14,7 +14,7 @@ import torch
 
 from retool_cli.errors import EngineTimeout
 from retool_cli.rl.batch import Batch
-from retool_cli.rl.overlap import Pipeline, behaviour_version, staleness_metrics, turn_version
+from retool_cli.rl.overlap import Pipeline, behaviour_version, phase_version, staleness_metrics
 from retool_cli.rollout.agent import Trajectory
 
 
@@ -41,6 +41,11 @@ class RecordingEngine:
 TURNS = 3  # turns of each stand-in batch
 
 
+def turn_version(step: int, k: int, turn: int, partial_turns: int | None) -> int:
+    """The version that samples a turn when partial rollouts switch after `partial_turns` turns (None: never)."""
+    return phase_version(step, k, int(partial_turns is not None and turn >= partial_turns))
+
+
 def run(
     k: int,
     steps: int,
@@ -60,12 +65,12 @@ def run(
     sampled_with: dict[int, list[float]] = {}
     in_flight, most = set(), [0]
 
-    def collect(step: int, cursor: int, engine, weights_for_turn) -> tuple[Batch, int]:
+    def collect(step: int, cursor: int, engine, weights_for_phase) -> tuple[Batch, int]:
         in_flight.add(step)
         most[0] = max(most[0], len(in_flight))
         versions = []
         for turn in range(TURNS):
-            version = weights_for_turn(turn)
+            version = weights_for_phase(int(partial_turns is not None and turn >= partial_turns))
             assert engine.engine.loaded == version
             time.sleep(random.uniform(0, sample_s / TURNS))
             versions.append(engine.engine.loaded)
@@ -78,7 +83,8 @@ def run(
         model.version.fill_(start)
     cursor, pending = (state["cursor"], state["pending"]) if state else (0, [])
     per_step = None if dynamic else 10
-    with Pipeline(collect, engines, k, start, steps, cursor, pending, 30.0, per_step, partial_turns) as pipeline:
+    partial = partial_turns is not None
+    with Pipeline(collect, engines, k, start, steps, cursor, pending, 30.0, per_step, partial) as pipeline:
         pipeline.publish(start, model)
         for step in range(start + 1, steps + 1):
             batch, cursor, _ = pipeline.take(step)
@@ -95,7 +101,9 @@ def run(
 def test_the_versions_of_a_batch_and_of_its_partial_turns() -> None:
     assert [behaviour_version(s, 1) for s in range(1, 6)] == [0, 0, 1, 2, 3]
     assert [behaviour_version(s, 2) for s in range(1, 6)] == [0, 0, 0, 1, 2]
-    # partial rollouts: turns from partial_turns on take the next version, never newer than the trainer's (s - 1)
+    # partial rollouts: phase 1 (turns from partial_turns on) takes the next version, never newer than s - 1
+    assert [phase_version(s, 1, 1) for s in range(1, 6)] == [0, 1, 2, 3, 4]
+    assert [phase_version(s, 2, 0) for s in range(1, 6)] == [behaviour_version(s, 2) for s in range(1, 6)]
     assert [turn_version(s, 1, 1, 1) for s in range(1, 6)] == [0, 1, 2, 3, 4]
     assert [turn_version(s, 2, 1, 1) for s in range(1, 6)] == [0, 1, 1, 2, 3]
     assert [turn_version(s, 2, 0, 1) for s in range(1, 6)] == [0, 0, 0, 1, 2]
@@ -123,7 +131,7 @@ def test_batches_overlap_when_their_weights_allow() -> None:
     """k = 2: steps 1-3 are all sampled by the initial weights, so all three sample at once."""
     k, started, gate = 2, [], threading.Event()
 
-    def collect(step: int, cursor: int, engine, weights_for_turn) -> tuple[Batch, int]:
+    def collect(step: int, cursor: int, engine, weights_for_phase) -> tuple[Batch, int]:
         started.append(step)
         if len(started) == 3:
             gate.set()
@@ -148,7 +156,7 @@ def test_a_resumed_pipeline_hands_over_the_kept_batches_then_samples_with_the_ch
 
 
 def test_a_sampler_error_reaches_the_trainer() -> None:
-    def collect(step: int, cursor: int, engine, weights_for_turn):
+    def collect(step: int, cursor: int, engine, weights_for_phase):
         raise ValueError(f"bad batch {step}")
 
     engines = [RecordingEngine(), RecordingEngine()]
@@ -166,7 +174,7 @@ def test_a_stuck_engine_call_is_an_error_not_a_hang() -> None:
             return []
 
     # through the pipeline's watched engine, as collect's rollouts are
-    def collect(step: int, cursor: int, engine, weights_for_turn):
+    def collect(step: int, cursor: int, engine, weights_for_phase):
         engine.generate([[1]], [1], [], None)
         return Batch({}, {}, {}), cursor + 1
 

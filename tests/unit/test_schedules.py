@@ -28,6 +28,7 @@ from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rollout.agent import request_seed, run_rollouts
 from retool_cli.rollout.hf_engine import HFEngine
 from retool_cli.rollout.watchdog import EXIT_STUCK, time_limit
+from tests.real_models import load_real_tokenizer
 from tests.scripted import ScriptedEngine
 
 ASYNC, TURNS = RolloutLoop["async"], RolloutLoop.turns
@@ -80,12 +81,14 @@ class SeededScript(ScriptedEngine):
         out = []
         for prompt, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True):
             self.seeds.append(seed)
-            rng = random.Random(seed)
-            turn = CODE.format(a=rng.randint(2, 99), b=rng.randint(2, 99)) if rng.random() < 0.7 else ANSWER
-            text = turn.format(value=rng.randint(1, 9))
+            text = self.turn_text(random.Random(seed))
             self.script = lambda context, turn_index: text  # noqa: B023 (called at once, below)
             out += super().generate([prompt], [budget], stop_strings, sampling)
         return out
+
+    def turn_text(self, rng: random.Random) -> str:
+        turn = CODE.format(a=rng.randint(2, 99), b=rng.randint(2, 99)) if rng.random() < 0.7 else ANSWER
+        return turn.format(value=rng.randint(1, 9))
 
 
 def run(engine, tokenizer, tools, loop, n=4, **overrides) -> tuple[list, dict]:
@@ -129,10 +132,10 @@ def test_the_schedules_sample_the_same_trajectories_under_random_tool_latencies(
 
 
 def test_both_schedules_record_the_weights_version_of_overlapped_training(tokenizer, sandbox) -> None:
-    """Overlapped training passes `weights_for_turn` (rl/overlap.py). Without partial rollouts both schedules take
-    it (the async one asks once, for turn 0) and give every sampled token its version, every tool token -1, and
-    the same trajectories; partial rollouts switch versions between turns, which only the turns loop keeps
-    aligned: the async loop refuses them."""
+    """Overlapped training passes `weights_for_phase` (rl/overlap.py). Without partial rollouts both schedules take
+    it (the async one asks once, the turns one every round, always for phase 0) and give every sampled token its
+    version, every tool token -1, and the same trajectories; partial rollouts switch versions between phases,
+    which only the turns loop keeps apart: the async loop refuses them."""
     tools = [CodeInterpreter(sandbox, tokenizer, RolloutConfig())]
     asked: dict[str, list[int]] = {"turns": [], "async": []}
     runs = {}
@@ -140,8 +143,8 @@ def test_both_schedules_record_the_weights_version_of_overlapped_training(tokeni
         protocol = TaggedProtocol(tokenizer, "SYS")
         cfg = RolloutConfig(group_size=3, max_response_tokens=400, max_turns=5, max_code_calls=4, loop=loop)
 
-        def weights_for_turn(turn: int, name: str = name) -> int:
-            asked[name].append(turn)
+        def weights_for_phase(phase: int, name: str = name) -> int:
+            asked[name].append(phase)
             return 7
 
         runs[name], _ = run_rollouts(
@@ -152,10 +155,10 @@ def test_both_schedules_record_the_weights_version_of_overlapped_training(tokeni
             cfg,
             seed=5,
             max_context_tokens=1024,
-            weights_for_turn=weights_for_turn,
+            weights_for_phase=weights_for_phase,
         )
     same(runs["async"], runs["turns"])
-    assert asked["async"] == [0] and asked["turns"][0] == 0 and max(asked["turns"]) >= 1
+    assert asked["async"] == [0] and len(asked["turns"]) >= 2 and set(asked["turns"]) == {0}
     for t in runs["async"]:
         assert len(t.response_versions) == len(t.response_ids)
         assert [v for v, m in zip(t.response_versions, t.response_mask, strict=True) if m] == [7] * sum(t.response_mask)
@@ -172,8 +175,108 @@ def test_both_schedules_record_the_weights_version_of_overlapped_training(tokeni
             partial,
             seed=5,
             max_context_tokens=1024,
-            weights_for_turn=lambda turn: 0,
+            weights_for_phase=lambda turn: 0,
         )
+
+
+class ContinuingScript(SeededScript):
+    """A scripted model that continues a cut turn where it was cut (as a model with unchanged weights would), and,
+    as an engine does, looks for stop strings only in the tokens it generates: past a stop string that straddles
+    the cut it keeps writing."""
+
+    FILLER = " and then some more words"
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.turns: list[tuple[list[int], list[int]]] = []  # (a turn's prompt, the turn's ids)
+        self.straddled = 0
+
+    def turn_text(self, rng: random.Random) -> str:
+        return f"Step {rng.randint(10_000, 99_999)}: " + super().turn_text(rng)  # samples begin apart
+
+    def generate(self, prompts, max_new_tokens, stop_strings, sampling, seeds=None):
+        out = []
+        for prompt, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True):
+            begun = [(start, turn) for start, turn in self.turns if continues(prompt, start, turn)]
+            if not begun:  # a new turn
+                fresh = super().generate([prompt], [10_000], stop_strings, sampling, [seed])[0]
+                self.turns.append((list(prompt), fresh.token_ids))
+                kept = fresh.token_ids[:budget]
+                finish = fresh.finish_reason if len(fresh.token_ids) <= budget else "length"
+                out.append(Generation(kept, [0.0] * len(kept), finish))
+                continue
+            assert len({tuple(turn) for _, turn in begun}) == 1, "two samples began alike: which one goes on?"
+            start, turn = begun[0]
+            rest = turn[len(prompt) - len(start) :]
+            finish = "eos" if rest and rest[-1] == self.tokenizer.eos_token_id else "length"
+            if finish == "length" and any(s in self.tokenizer.decode(rest) for s in stop_strings):
+                finish = "stop"
+            elif finish == "length" and any(self.tokenizer.decode(turn).endswith(s) for s in stop_strings):
+                self.straddled += 1  # the stop string began before the cut: the engine does not see it
+                rest = rest + self.tokenizer.encode(self.FILLER, add_special_tokens=False)
+            out.append(
+                Generation(rest[:budget], [0.0] * len(rest[:budget]), finish if len(rest) <= budget else "length")
+            )
+        return out
+
+
+def continues(prompt: list[int], start: list[int], turn: list[int]) -> bool:
+    """Does `prompt` hold the turn begun at `start` cut short?"""
+    n = len(start)
+    return n < len(prompt) < n + len(turn) and prompt[:n] == start and prompt[n:] == turn[: len(prompt) - n]
+
+
+def run_phased(engine, tokenizer, tools, n: int = 4, **overrides) -> tuple[list, list[int]]:
+    """run() with overlapped training's weights: phase p samples with version 3 + p; also the phases asked for."""
+    values = {"group_size": 3, "max_response_tokens": 400, "max_turns": 5, "max_code_calls": 4, "loop": TURNS}
+    cfg = RolloutConfig(**{**values, **overrides})
+    asked: list[int] = []
+
+    def weights_for_phase(phase: int) -> int:
+        asked.append(phase)
+        return 3 + phase
+
+    protocol = TaggedProtocol(tokenizer, "SYS")
+    trajectories, _ = run_rollouts(
+        questions(n), engine, protocol, tools, cfg, seed=5, max_context_tokens=1024, weights_for_phase=weights_for_phase
+    )
+    return trajectories, asked
+
+
+def versions_of_model_tokens(t) -> list[int]:
+    return [v for v, m in zip(t.response_versions, t.response_mask, strict=True) if m]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["one cohort", "two cohorts"])
+@pytest.mark.parametrize("vocabulary", ["tiny", "qwen2.5-instruct"])
+def test_partial_rollouts_cut_turns_at_the_token_budget_and_continue_them(
+    tokenizer, sandbox, overlap, vocabulary
+) -> None:
+    """rollout.partial_tokens = P: each trajectory's first P model tokens sample in phase 0, the rest in phase 1,
+    a turn cut at P continuing from its tokens. With a model that continues a cut turn as it would have written
+    it, the trajectories are the uncut ones token for token (tool calls, segments, turns, stop reasons), for every
+    cut point, stop strings straddling the cut included (the real vocabulary spells `</code>` in pieces); the
+    phases are asked for in order, 0s then 1s."""
+    if vocabulary != "tiny":
+        tokenizer = load_real_tokenizer(vocabulary)
+    tools = [CodeInterpreter(sandbox, tokenizer, RolloutConfig())]
+    whole, _ = run_phased(ContinuingScript(tokenizer), tokenizer, tools, overlap_sandbox=overlap)
+    assert sum(len(t.tool_calls) for t in whole) >= 8 and all(versions_of_model_tokens(t) for t in whole)
+    straddled = 0
+    for cut in range(14, 40, 2):
+        engine = ContinuingScript(tokenizer)
+        partial, asked = run_phased(
+            engine, tokenizer, tools, overlap_sandbox=overlap, partial=True, partial_turns=5, partial_tokens=cut
+        )
+        straddled += engine.straddled
+        same(partial, whole)
+        for a, b in zip(partial, whole, strict=True):
+            assert (a.turns, a.segments, a.tool_calls, a.open_turn) == (b.turns, b.segments, b.tool_calls, None)
+            model_tokens = sum(a.response_mask)
+            assert versions_of_model_tokens(a) == [3] * min(cut, model_tokens) + [4] * (model_tokens - cut)
+        assert asked == sorted(asked) and asked[0] == 0 and asked[-1] == 1, cut
+    if len(tokenizer.encode("</code>", add_special_tokens=False)) > 1:
+        assert straddled >= 3  # some cuts fell inside a stop string; the loop ended those turns where it completed
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +311,23 @@ def test_the_schedules_agree_on_a_sampled_policy_through_the_real_sandbox(tokeni
     for a, b in zip(turns, scheduled, strict=True):
         assert torch.allclose(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs), atol=1e-5)
     assert sum(len(t.tool_calls) for t in turns) >= 3 and len({len(t.response_ids) for t in turns}) >= 3
+
+
+def test_a_cut_turn_continues_on_the_real_engine_as_if_uncut(tokenizer, sandbox, code_policy) -> None:
+    """The hf engine, greedy, the same weights in both phases: trajectories cut at every few tokens (continued from
+    their tokens by a fresh prefill) are the uncut ones token for token, through the real sandbox."""
+    engine = HFEngine(code_policy, tokenizer, accelerate=True)
+    tools = [CodeInterpreter(sandbox, tokenizer, RolloutConfig())]
+    whole, _ = run_phased(engine, tokenizer, tools, n=3, temperature=0.0, max_tokens_per_turn=60)
+    assert sum(len(t.tool_calls) for t in whole) >= 3
+    for cut in (5, 17, 29):
+        phased = {"partial": True, "partial_turns": 5, "partial_tokens": cut}
+        partial, asked = run_phased(engine, tokenizer, tools, n=3, temperature=0.0, max_tokens_per_turn=60, **phased)
+        assert asked[0] == 0 and asked[-1] == 1
+        same(partial, whole)
+        assert [a.segments for a in partial] == [b.segments for b in whole]
+        for t in partial:  # cut inside the first turn (a code call of more than 29 tokens)
+            assert versions_of_model_tokens(t) == [3] * cut + [4] * (sum(t.response_mask) - cut)
 
 
 @pytest.mark.parametrize("loop", [ASYNC, TURNS])
