@@ -511,7 +511,7 @@ class TrainerConfig:
         "k: sampling of later steps overlaps the update, and every token of a step was sampled by weights at most "
         "k updates old (step s by version max(0, s - 1 - k), fixed by the config alone: rl/overlap.py; README, "
         "Overlapped training); 0 = on-policy, sampling and update take turns. Pair with rollout_correction="
-        "token_tis for AReaL's decoupled loss. For now: one process, the hf engine, full fine-tuning",
+        "token_tis for AReaL's decoupled loss. For now: one trainer process (full fine-tuning or LoRA)",
     )
     save_every: int = doc(50, "checkpoint every N steps (and at the end)")
     keep_last: int = doc(2, "checkpoints kept on disk")
@@ -1037,17 +1037,12 @@ class RetoolConfig:
             "rollout.vllm_tensor_parallel_size",
             "an engine process of rollout.placement=separate holds the whole model: 1 for now",
         )
-        unsupported = [
-            (t.nproc > 1 or t.nnodes > 1, f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes"),
-            (self.model.lora_rank > 0, f"model.lora_rank={self.model.lora_rank}"),
-        ]
-        for refused, what in unsupported:
-            _check(
-                not refused,
-                "trainer.max_staleness",
-                f"{t.max_staleness} (overlapped training) runs with one trainer process and full fine-tuning "
-                f"for now, not with {what}: set trainer.max_staleness=0 for it",
-            )
+        _check(
+            t.nproc == 1 and t.nnodes == 1,
+            "trainer.max_staleness",
+            f"{t.max_staleness} (overlapped training) runs with one trainer process for now, not with "
+            f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes: set trainer.max_staleness=0 for it",
+        )
 
     def _check_learning_signal(self) -> None:
         """GRPO-family advantages compare the samples of one question: with one sample, or greedy samples that

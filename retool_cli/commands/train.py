@@ -29,7 +29,7 @@ from retool_cli.faults import die_if_due, jitter, pause_if_due
 from retool_cli.interfaces import Engine, Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer, model_path
+from retool_cli.model.loading import load_policy, load_tokenizer, merged_model, model_path
 from retool_cli.model.precision import Precision, resolve_device, resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
 from retool_cli.rl.distributed import (
@@ -292,7 +292,8 @@ def overlapped_sampling(
         elif isinstance(rt.engine, SlotEngine):  # vLLM colocated: the trainer's engine, shared (see shared_engine)
             engines = [SlotEngine(rt.engine.slots, slot) for slot in range(slots)]
         else:
-            engines = [build_engine(config, precision, model, rt.tokenizer, own_copy=True) for _ in range(slots)]
+            sampler = merged_model(model)  # a LoRA policy merged: what every engine of the sampler loads
+            engines = [build_engine(config, precision, sampler, rt.tokenizer, own_copy=True) for _ in range(slots)]
         yield stack.enter_context(sample_ahead(config, plan, examples, rt, model, engines, start, cursor, pending))
 
 

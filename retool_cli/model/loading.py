@@ -192,3 +192,22 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
             tensor = tensor + deltas[module].to(tensor.dtype)
         merged[key.replace(".base_layer.", ".")] = tensor.detach().clone()
     return merged
+
+
+def merged_model(model: Any) -> Any:
+    """A LoRA policy as a frozen model of its base architecture with the adapters merged in (a copy: the policy
+    is untouched), which samples as engines fed merged_state_dict do; any other model as it is."""
+    if not is_lora(model):
+        return model
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    base = model.get_base_model()
+    config = copy.deepcopy(base.config)
+    # the trainer's packed attention (rl/packing.py) falls back to the model's own: a sampler uses that one
+    config._attn_implementation = str(config._attn_implementation).split(":")[-1]
+    plain = AutoModelForCausalLM.from_config(config).to(next(base.parameters()).dtype)
+    plain.load_state_dict(merged_state_dict(model))
+    plain.generation_config = base.generation_config
+    return plain.eval().requires_grad_(False)

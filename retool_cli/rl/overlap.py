@@ -55,6 +55,7 @@ import torch
 
 from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import Engine, Generation, Sampling
+from retool_cli.model.loading import is_lora, merged_state_dict
 from retool_cli.rl.batch import Batch
 
 # (step, data cursor, engine, weights_for_phase) -> (the step's batch sampled with the engine, the data cursor
@@ -78,10 +79,15 @@ def phase_version(step: int, max_staleness: int, phase: int) -> int:
 
 
 class WeightSnapshot:
-    """A copy of a policy's weights, which an engine loads as it loads a policy (`state_dict()`)."""
+    """A copy of a policy's weights, which an engine loads as it loads a policy (`state_dict()`). A LoRA policy's
+    adapters are merged in, under the base model's names: the sampler's engines are plain models of the base
+    architecture (model/loading.py: merged_model)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        if is_lora(model):
+            self.state = merged_state_dict(model)
+        else:
+            self.state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.state

@@ -176,7 +176,6 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
             "rollout.vllm_tensor_parallel_size: an engine process",
         ),
         (["trainer.max_staleness=2", "trainer.nproc=2"], "not with trainer.nproc=2 x trainer.nnodes=1"),
-        (["trainer.max_staleness=1", "model.lora_rank=4"], "not with model.lora_rank=4"),
         (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),
         (["rollout.partial=true", "trainer.max_staleness=1", "rollout.loop=async"], "rollout.loop: async: partial"),
         (["rollout.partial_turns=0"], "rollout.partial_turns: must be >= 1"),

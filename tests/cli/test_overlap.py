@@ -136,6 +136,36 @@ SEPARATE = ["rollout.placement=separate", "rollout.weight_bucket_mb=0.05"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the trainer's and every engine's: the same arithmetic in each placement
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
+    sft_checkpoint: Path, tmp_path: Path, engine: str
+) -> None:
+    """k = 1 with partial rollouts on a LoRA policy: the sampler's engines are plain models with the adapters merged
+    in (hf colocated: a merged copy; vLLM colocated: the merged weights loaded per slot; separate: the merged
+    weights broadcast). Colocated, and separate with random delays, give the same metrics, trajectories and
+    weights; hf, killed as update 3 starts, resumes to them exactly."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, "model.lora_rank=4"]
+    extra += ["trainer.lr=1e-3"]  # the adapters move the policy enough to change what later versions sample
+    extra += [*VLLM, "rollout.loop=turns"] if engine == "vllm" else []
+    colocated = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
+    assert max(r["rollout/partial_share"] for r in colocated) > 0 and all(r["train/grad_norm"] > 0 for r in colocated)
+    [run] = [p.parent for p in (tmp_path / "colocated").rglob("final.txt")]
+    assert (run / "checkpoints" / f"step_{STEPS}" / "adapter" / "adapter_model.safetensors").exists()
+    assert not same_weights(weights(tmp_path / "colocated", 1), weights(tmp_path / "colocated"))
+    train(tmp_path / "separate", *extra, *SEPARATE, env={**ONE_THREAD, **JITTER})
+    assert_same_run(tmp_path / "separate", tmp_path / "colocated")
+    if (
+        engine == "vllm"
+    ):  # (its resume: test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_count)
+        return
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
+    assert_same_run(broken, tmp_path / "colocated")
+
+
 @pytest.mark.parametrize(
     ("when", "variant"),
     [("step:2", []), ("update:3", []), ("sampling:4", []), ("update:3", PARTIAL), ("transfer:3", SEPARATE)],

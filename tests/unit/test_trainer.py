@@ -46,7 +46,7 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
 
     from retool_cli.config import ModelConfig
     from retool_cli.interfaces import Sampling
-    from retool_cli.model.loading import load_policy, merged_state_dict
+    from retool_cli.model.loading import load_policy, merged_model, merged_state_dict
     from retool_cli.rl.checkpoints import save_checkpoint
     from retool_cli.rl.optim import build_optimizer, build_scheduler
     from retool_cli.rollout.hf_engine import HFEngine
@@ -87,8 +87,11 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
     policy.eval()
     x = torch.tensor([ids[0]])
+    sampler = merged_model(policy)  # overlapped training's sampler copy (rl/overlap.py): a plain model, merged
+    assert not hasattr(sampler, "peft_config") and not any(p.requires_grad for p in sampler.parameters())
     with torch.no_grad():
         assert torch.allclose(plain(x).logits, policy(x).logits, atol=1e-4)
+        assert torch.allclose(sampler(x).logits, policy(x).logits, atol=1e-4)
     prompt, greedy = tokenizer.encode("What is 2+3?"), Sampling(temperature=0.0)
     assert (
         HFEngine(policy, tokenizer).generate([prompt], [16], [], greedy)[0].token_ids
