@@ -207,7 +207,8 @@ def merged_model(model: Any) -> Any:
     config = copy.deepcopy(base.config)
     # the trainer's packed attention (rl/packing.py) falls back to the model's own: a sampler uses that one
     config._attn_implementation = str(config._attn_implementation).split(":")[-1]
-    plain = AutoModelForCausalLM.from_config(config).to(next(base.parameters()).dtype)
+    weight = next(base.parameters())
+    plain = AutoModelForCausalLM.from_config(config).to(device=weight.device, dtype=weight.dtype)
     plain.load_state_dict(merged_state_dict(model))
     plain.generation_config = base.generation_config
     return plain.eval().requires_grad_(False)
