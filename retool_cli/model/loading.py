@@ -194,21 +194,29 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return merged
 
 
+def sampler_model(config: Any, generation_config: Any, dtype: torch.dtype, device: torch.device | str = "cpu") -> Any:
+    """A frozen model of the policy's architecture in `dtype`, whose weights an engine then loads from the trainer.
+    Built as the colocated engine's copy is (hf_engine._cast_copy): in the config's dtype, then every floating
+    parameter and buffer cast, so that both sample the same tokens."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    # the trainer's packed attention (rl/packing.py) falls back to the model's own: a sampler uses that one
+    config._attn_implementation = str(config._attn_implementation).split(":")[-1]
+    model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
+    model.generation_config = generation_config
+    return model.eval().requires_grad_(False)
+
+
 def merged_model(model: Any) -> Any:
     """A LoRA policy as a frozen model of its base architecture with the adapters merged in (a copy: the policy
     is untouched), which samples as engines fed merged_state_dict do; any other model as it is."""
     if not is_lora(model):
         return model
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
     base = model.get_base_model()
-    config = copy.deepcopy(base.config)
-    # the trainer's packed attention (rl/packing.py) falls back to the model's own: a sampler uses that one
-    config._attn_implementation = str(config._attn_implementation).split(":")[-1]
     weight = next(base.parameters())
-    plain = AutoModelForCausalLM.from_config(config).to(device=weight.device, dtype=weight.dtype)
+    plain = sampler_model(base.config, base.generation_config, weight.dtype, weight.device)
     plain.load_state_dict(merged_state_dict(model))
-    plain.generation_config = base.generation_config
-    return plain.eval().requires_grad_(False)
+    return plain

@@ -49,6 +49,7 @@ from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.errors import ConfigError, EngineTimeout, RetoolError
 from retool_cli.faults import die_if_due, jitter
 from retool_cli.interfaces import Engine, Generation
+from retool_cli.model.loading import sampler_model
 from retool_cli.model.precision import Precision
 from retool_cli.rollout import vllm_arguments
 from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
@@ -199,7 +200,14 @@ class _Slots:
             return
         from retool_cli.rollout.hf_engine import HFEngine
 
-        self.hf = {s: HFEngine(_empty_model(spec), spec.tokenizer, accelerate=spec.accelerate) for s in spec.slots}
+        self.hf = {
+            s: HFEngine(
+                sampler_model(spec.model_config, spec.generation_config, spec.dtype),
+                spec.tokenizer,
+                accelerate=spec.accelerate,
+            )
+            for s in spec.slots
+        }
 
     def load(self, slot: int, state: dict[str, torch.Tensor]) -> None:
         if self.vllm is not None:
@@ -222,22 +230,6 @@ class _StateOf:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.state
-
-
-def _empty_model(spec: EngineSpec) -> Any:
-    """The policy's architecture in the sampling dtype; its weights come from the trainer."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    config = copy.deepcopy(spec.model_config)
-    # the trainer's packed attention (rl/packing.py) falls back to the model's own: the engine uses that one
-    config._attn_implementation = str(config._attn_implementation).split(":")[-1]
-    # built as the colocated engine's copy is (hf_engine._cast_copy): in the config's dtype, then every floating
-    # parameter and buffer cast, so that both sample the same tokens
-    model = AutoModelForCausalLM.from_config(config).to(spec.dtype)
-    model.generation_config = spec.generation_config
-    return model.eval().requires_grad_(False)
 
 
 def _exit_with_parent(parent: int) -> None:
