@@ -511,7 +511,8 @@ class TrainerConfig:
         "k: sampling of later steps overlaps the update, and every token of a step was sampled by weights at most "
         "k updates old (step s by version max(0, s - 1 - k), fixed by the config alone: rl/overlap.py; README, "
         "Overlapped training); 0 = on-policy, sampling and update take turns. Pair with rollout_correction="
-        "token_tis for AReaL's decoupled loss. For now: one trainer process (full fine-tuning or LoRA)",
+        "token_tis for AReaL's decoupled loss. Any number of trainer processes (each samples its share), full "
+        "fine-tuning or LoRA",
     )
     save_every: int = doc(50, "checkpoint every N steps (and at the end)")
     keep_last: int = doc(2, "checkpoints kept on disk")
@@ -1031,17 +1032,12 @@ class RetoolConfig:
             )
         if t.max_staleness == 0:
             return
-        separate = self.rollout.placement is RolloutPlacement.separate
         _check(
-            not separate or self.rollout.vllm_tensor_parallel_size == 1,
+            self.rollout.vllm_tensor_parallel_size == 1,
             "rollout.vllm_tensor_parallel_size",
-            "an engine process of rollout.placement=separate holds the whole model: 1 for now",
-        )
-        _check(
-            t.nproc == 1 and t.nnodes == 1,
-            "trainer.max_staleness",
-            f"{t.max_staleness} (overlapped training) runs with one trainer process for now, not with "
-            f"trainer.nproc={t.nproc} x trainer.nnodes={t.nnodes} processes: set trainer.max_staleness=0 for it",
+            f"{self.rollout.vllm_tensor_parallel_size}: with trainer.max_staleness >= 1 each trainer process's "
+            "sampler (its engine process, or its threads) holds the whole model, so 1 for now; set "
+            "trainer.max_staleness=0 to span a vLLM engine over several processes",
         )
 
     def _check_learning_signal(self) -> None:

@@ -29,7 +29,7 @@ from retool_cli.faults import die_if_due, jitter, pause_if_due
 from retool_cli.interfaces import Engine, Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer, merged_model, model_path
+from retool_cli.model.loading import load_policy, load_tokenizer, model_path
 from retool_cli.model.precision import Precision, resolve_device, resolve_precision
 from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
 from retool_cli.rl.distributed import (
@@ -42,11 +42,12 @@ from retool_cli.rl.distributed import (
     peers_alive,
     same_folder_everywhere,
     shard,
+    side_group,
     world,
 )
 from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.overlap import Pipeline
+from retool_cli.rl.overlap import Pipeline, plain_policy
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
 from retool_cli.rl.update import update
 from retool_cli.rollout import build_engine
@@ -199,7 +200,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 )
                 stop = agreed_stop()
                 if step % t.save_every == 0 or step == t.total_steps or (stop and t.save_on_signal):
-                    checkpoint_at(step, pipeline.checkpoint_state(step, cursor) if pipeline else {"cursor": cursor})
+                    checkpoint_at(step, sampled_ahead(pipeline, step, cursor) if pipeline else {"cursor": cursor})
                 barrier()  # no process runs ahead of a checkpoint being written
                 die_if_due("step", step)  # the resume tests' fault injection (RETOOL_DIE_AFTER=step:N)
                 if stop:
@@ -226,17 +227,40 @@ def periodic_eval(config: RetoolConfig, dev_split: list, folder: Path, rt: Runti
 def resume(
     checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog
 ) -> tuple[int, int, list]:
-    """(step, data cursor, the batches sampled ahead) to continue from: the checkpoint's, with its optimizer,
-    schedule and RNG restored, or (0, 0, []). The data cursor is the one after the last batch sampled (with
-    trainer.max_staleness, the checkpoint keeps the batches sampled for the steps after it: rl/overlap.py). The
-    metrics log (rank 0's) loses what a stopped run logged after it (all of it, without one)."""
-    start, cursor, pending = 0, 0, []
+    """(step, data cursor, this process's batches sampled ahead) to continue from: the checkpoint's, with its
+    optimizer, schedule and RNG restored, or (0, 0, []). The data cursor is the one after the last batch sampled
+    (with trainer.max_staleness, the checkpoint keeps the batches sampled for the steps after it: rl/overlap.py;
+    each process's share of them: sampled_ahead). The metrics log (rank 0's) loses what a stopped run logged
+    after it (all of it, without one)."""
+    start, cursor = 0, 0
+    pending: list[Any] = []
     if checkpoint is not None:
         state = load_trainer_state(checkpoint, model, optimizer, scheduler)
-        start, cursor, pending = state["step"], state["cursor"], state.get("pending", [])
+        start, cursor = state["step"], state["cursor"]
+        shares = state.get("pending_by_rank", [state.get("pending", [])])  # one process's: "pending" alone
+        rank, size = world()
+        if any(shares) and len(shares) != size:
+            raise ConfigError(
+                f"{checkpoint} keeps batches sampled ahead (trainer.max_staleness) by {len(shares)} trainer "
+                f"process(es), each its own share, and this run has {size}: resume it with trainer.nproc x "
+                f"trainer.nnodes = {len(shares)} processes"
+            )
+        pending = shares[rank] if any(shares) else []
         log.info("resumed from %s (step %d)", checkpoint, start)
     metrics.truncate_after(start)
     return start, cursor, pending
+
+
+def sampled_ahead(pipeline: Pipeline, step: int, cursor: int) -> dict[str, Any]:
+    """What a checkpoint of step `step` keeps of the sampler (Pipeline.checkpoint_state). Several processes:
+    each sampled its own share of the batches ahead, gathered to rank 0, which saves them all (a collective)."""
+    state = pipeline.checkpoint_state(step, cursor)
+    rank, size = world()
+    if size == 1:
+        return state
+    shares: list[Any] | None = [None] * size if rank == 0 else None
+    torch.distributed.gather_object(state.pop("pending"), shares, dst=0)
+    return {**state, "pending_by_rank": shares}
 
 
 def rollouts_in_turn(
@@ -292,7 +316,7 @@ def overlapped_sampling(
         elif isinstance(rt.engine, SlotEngine):  # vLLM colocated: the trainer's engine, shared (see shared_engine)
             engines = [SlotEngine(rt.engine.slots, slot) for slot in range(slots)]
         else:
-            sampler = merged_model(model)  # a LoRA policy merged: what every engine of the sampler loads
+            sampler = plain_policy(model)  # LoRA merged, FSDP2 gathered: what every engine of the sampler loads
             engines = [build_engine(config, precision, sampler, rt.tokenizer, own_copy=True) for _ in range(slots)]
         yield stack.enter_context(sample_ahead(config, plan, examples, rt, model, engines, start, cursor, pending))
 
@@ -321,12 +345,15 @@ def sample_ahead(
 ) -> Iterator[Pipeline]:
     """The sampler's pipeline over `engines`, its first weights published."""
     t = config.trainer
+    # several processes: each samples its share of every batch; dynamic sampling counts the groups over all of
+    # them in the sampler's threads, which must not meet the trainer's collectives in the run's group
+    group = side_group(t.collective_timeout_s) if t.dynamic_sampling else None
 
     def sample(step: int, cursor: int, engine: Engine, weights_for_phase: Callable[[int], int]) -> tuple[Any, int]:
         pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
         die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
         # the tools and judge are shared
-        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_phase)
+        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_phase, group)
 
     per_step = None if t.dynamic_sampling else t.questions_per_step
     last, timeout = t.total_steps, config.rollout.engine_timeout_s

@@ -208,15 +208,3 @@ def sampler_model(config: Any, generation_config: Any, dtype: torch.dtype, devic
     model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
     model.generation_config = generation_config
     return model.eval().requires_grad_(False)
-
-
-def merged_model(model: Any) -> Any:
-    """A LoRA policy as a frozen model of its base architecture with the adapters merged in (a copy: the policy
-    is untouched), which samples as engines fed merged_state_dict do; any other model as it is."""
-    if not is_lora(model):
-        return model
-    base = model.get_base_model()
-    weight = next(base.parameters())
-    plain = sampler_model(base.config, base.generation_config, weight.dtype, weight.device)
-    plain.load_state_dict(merged_state_dict(model))
-    return plain

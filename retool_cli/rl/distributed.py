@@ -121,12 +121,22 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-def all_reduce_sum(value: float) -> float:
+def all_reduce_sum(value: float, group: Any = None) -> float:
+    """`value` summed over processes, in `group` (default: the run's; the overlapped sampler's threads use a
+    group of their own, so that their collectives never interleave with the trainer's)."""
     if world()[1] == 1:
         return value
     tensor = torch.tensor([float(value)], dtype=torch.float64)
-    torch.distributed.all_reduce(tensor)
+    torch.distributed.all_reduce(tensor, group=group)
     return float(tensor.item())
+
+
+def side_group(timeout_s: float) -> Any:
+    """A second gloo group of all processes, for collectives a thread other than the trainer's runs (a
+    collective: every process creates it at the same point); None for one process."""
+    if world()[1] == 1:
+        return None
+    return torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def agreed_stop() -> int | None:
@@ -243,6 +253,15 @@ def full_state(model: Any, optimizer: Any) -> tuple[dict[str, Any] | None, dict[
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def whole_model_state(model: Any) -> dict[str, Any]:
+    """An FSDP2 policy's whole weights on every process, on its device (a collective; the overlapped sampler's
+    snapshots: rl/overlap.py)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return state
 
 
 def load_optimizer_state(model: Any, optimizer: Any, state: dict[str, Any]) -> None:

@@ -55,8 +55,9 @@ import torch
 
 from retool_cli.errors import EngineTimeout
 from retool_cli.interfaces import Engine, Generation, Sampling
-from retool_cli.model.loading import is_lora, merged_state_dict
+from retool_cli.model.loading import is_lora, merged_state_dict, sampler_model
 from retool_cli.rl.batch import Batch
+from retool_cli.rl.distributed import is_sharded, whole_model_state
 
 # (step, data cursor, engine, weights_for_phase) -> (the step's batch sampled with the engine, the data cursor
 # after it); weights_for_phase(phase) readies the engine's weights for a phase of the batch (0: its own, 1: the
@@ -79,18 +80,34 @@ def phase_version(step: int, max_staleness: int, phase: int) -> int:
 
 
 class WeightSnapshot:
-    """A copy of a policy's weights, which an engine loads as it loads a policy (`state_dict()`). A LoRA policy's
-    adapters are merged in, under the base model's names: the sampler's engines are plain models of the base
-    architecture (model/loading.py: merged_model)."""
+    """A copy of a policy's weights, which an engine loads as it loads a policy (`state_dict()`): the sampler's
+    engines are plain models of the base architecture (plain_policy). A LoRA policy's adapters are merged in,
+    under the base model's names; an FSDP2 policy's shards are all-gathered into whole tensors on every process
+    (a collective: every process of the run snapshots together), each of which samples its own share."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         if is_lora(model):
             self.state = merged_state_dict(model)
+        elif is_sharded(model):
+            self.state = whole_model_state(model)
         else:
             self.state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.state
+
+
+def plain_policy(model: Any) -> Any:
+    """What the colocated hf sampler's engines copy: a LoRA or FSDP2 policy as a frozen model of its base
+    architecture holding the snapshot's weights (a copy: the policy is untouched; FSDP2: a collective), which
+    samples as engines fed WeightSnapshots do; any other policy as it is (the engines copy it)."""
+    if not (is_lora(model) or is_sharded(model)):
+        return model
+    base: Any = model.get_base_model() if is_lora(model) else model
+    weight = next(base.parameters())  # a DTensor under FSDP2: its dtype and (local) device
+    plain = sampler_model(base.config, base.generation_config, weight.dtype, weight.device)
+    plain.load_state_dict(WeightSnapshot(model).state_dict())
+    return plain
 
 
 class _WatchedEngine:

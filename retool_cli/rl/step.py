@@ -80,11 +80,12 @@ def collect(
     step: int,
     rt: Runtime,
     weights_for_phase: Callable[[int], int] | None = None,
+    group: Any = None,
 ) -> tuple[Batch, int]:
     """Rollouts and rewards for one step, and the data cursor after them. With dynamic sampling, more rounds
-    of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds);
-    the update then drops the all-equal groups. `weights_for_phase`: overlapped training's (rl/overlap.py; see
-    run_rollouts)."""
+    of questions are sampled while too few groups have rewards that differ (up to trainer.max_sampling_rounds),
+    counted over all processes (in `group`: see all_reduce_sum); the update then drops the all-equal groups.
+    `weights_for_phase`: overlapped training's (rl/overlap.py; see run_rollouts)."""
     t = plan.trainer
     rounds: list[Batch] = []
     rank, size = world()
@@ -130,7 +131,7 @@ def collect(
         varied = ~degenerate_groups(
             so_far.tensors["reward"], group_ids(so_far_trajectories), valid_samples(so_far_trajectories)
         )
-        if all_reduce_sum(int(varied.sum())) // plan.rollout.group_size >= t.questions_per_step:
+        if all_reduce_sum(int(varied.sum()), group) // plan.rollout.group_size >= t.questions_per_step:
             break
     batch = Batch.concat(rounds)
     batch.meta["metrics"] = _merge_round_metrics(rounds)

@@ -46,9 +46,10 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
 
     from retool_cli.config import ModelConfig
     from retool_cli.interfaces import Sampling
-    from retool_cli.model.loading import load_policy, merged_model, merged_state_dict
+    from retool_cli.model.loading import load_policy, merged_state_dict
     from retool_cli.rl.checkpoints import save_checkpoint
     from retool_cli.rl.optim import build_optimizer, build_scheduler
+    from retool_cli.rl.overlap import plain_policy
     from retool_cli.rollout.hf_engine import HFEngine
 
     torch.manual_seed(0)
@@ -87,7 +88,7 @@ def test_lora_trains_adapters_only_and_checkpoints_merged_weights(tmp_path) -> N
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()
     policy.eval()
     x = torch.tensor([ids[0]])
-    sampler = merged_model(policy)  # overlapped training's sampler copy (rl/overlap.py): a plain model, merged
+    sampler = plain_policy(policy)  # overlapped training's sampler copy (rl/overlap.py): a plain model, merged
     assert not hasattr(sampler, "peft_config") and not any(p.requires_grad for p in sampler.parameters())
     with torch.no_grad():
         assert torch.allclose(plain(x).logits, policy(x).logits, atol=1e-4)
