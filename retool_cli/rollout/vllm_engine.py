@@ -184,6 +184,17 @@ class VLLMEngine:
             check_same_tokenizer(tokenizer, self.llm.get_tokenizer(), "vLLM")
         # each weight sync warns that the rotary embedding (a buffer, no weights) loaded none: not a problem
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        self._compile_sampling_ops()
+
+    def _compile_sampling_ops(self) -> None:
+        """vLLM compiles some of its sampling ops (torch.compile: the sampled tokens' logprob ranks) on their first
+        call, even eager. While dynamo compiles, torch.compiler.is_compiling() is True in every thread of the
+        process, and torch code elsewhere takes its compile-time paths: AdamW computes its bias corrections in
+        float32 tensors instead of Python floats, a last-bit change to every weight. A trainer updating beside an
+        engine's first call (overlapped training, colocated: the first step after a resume) would make other
+        weights than the uninterrupted run. One request of one token here, before any trainer runs, compiles them
+        (seen: one compilation for all batch sizes, temperatures, top-p and top-k after it)."""
+        self.generate([[0]], [1], [], Sampling(temperature=1.0), seeds=[0])
 
     def generate(
         self,

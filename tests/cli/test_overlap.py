@@ -168,7 +168,13 @@ def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
 
 @pytest.mark.parametrize(
     ("when", "variant"),
-    [("step:2", []), ("update:3", []), ("sampling:4", []), ("update:3", PARTIAL), ("transfer:3", SEPARATE)],
+    [
+        ("step:2", []),
+        ("update:3", []),
+        ("sampling:4", []),
+        ("update:3", PARTIAL),
+        ("transfer:3", SEPARATE),
+    ],
     ids=["step:2", "update:3", "sampling:4", "update:3-partial", "transfer:3-separate"],
 )
 def test_overlapped_training_resumes_exactly_after_sigkill(
@@ -186,6 +192,22 @@ def test_overlapped_training_resumes_exactly_after_sigkill(
     die_after([*ARGS, *extra], cwd=broken, when=when)
     run_retool(*ARGS, *extra, cwd=broken, check=True)
     assert_same_run(broken, tmp_path / "whole")  # (killed before its first row: a fresh run folder, found)
+
+
+def test_vllm_colocated_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path) -> None:
+    """vLLM colocated, k = 1 with partial rollouts, killed as update 3 starts: the resumed run's new engine samples
+    step 4's batch beside the resumed update 3, and the run ends with the uninterrupted run's metrics, kept
+    trajectories and weights. (Before vllm_engine._compile_sampling_ops, the engine's first call compiled a
+    sampling op, and while it did the update's AdamW took its compile-time path: other last bits in about half
+    of the resumed runs.)"""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *VLLM, "rollout.loop=turns", *PARTIAL]
+    train(tmp_path / "whole", *extra, env=ONE_THREAD)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
+    assert_same_run(broken, tmp_path / "whole")
 
 
 def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint: Path, tmp_path: Path) -> None:

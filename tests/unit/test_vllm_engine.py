@@ -5,6 +5,7 @@ weights syncs the original ones back."""
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,6 +93,32 @@ def assert_same_greedy(engine, reference, prompts: list[list[int]], tokens: int 
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
     assert len({tuple(a.token_ids) for a in ours}) == len(prompts)  # the prompts lead somewhere different
     return [a.token_ids for a in ours]
+
+
+def test_sampling_compiles_nothing_once_the_engine_is_built(engine, prompts) -> None:
+    """The first test of the module (its engine's first calls): vLLM's compiled sampling ops were compiled when
+    the engine was built, so no call compiles, and no other thread ever sees torch.compiler.is_compiling() (a
+    process-wide flag: a colocated trainer's AdamW would compute other bits while it is set)."""
+    from torch._dynamo.utils import counters
+
+    seen: list[bool] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(torch.compiler.is_compiling())
+
+    compiled = dict(counters["frames"])
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for n, sampling in [(1, GREEDY), (4, Sampling(1.0, seed=3)), (7, Sampling(0.7, top_p=0.9, top_k=20, seed=5))]:
+            engine.generate(prompts[:1] * n, [8] * n, ["</code>"], sampling, seeds=list(range(n)))
+    finally:
+        done.set()
+        watcher.join()
+    assert dict(counters["frames"]) == compiled
+    assert seen and not any(seen)
 
 
 def test_greedy_tokens_and_logprobs_equal_the_hf_engines(engine, policy_dir, tokenizer, prompts) -> None:
