@@ -194,22 +194,6 @@ def test_overlapped_training_resumes_exactly_after_sigkill(
     assert_same_run(broken, tmp_path / "whole")  # (killed before its first row: a fresh run folder, found)
 
 
-def test_vllm_colocated_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path) -> None:
-    """vLLM colocated, k = 1 with partial rollouts, killed as update 3 starts: the resumed run's new engine samples
-    step 4's batch beside the resumed update 3, and the run ends with the uninterrupted run's metrics, kept
-    trajectories and weights. (Before vllm_engine._compile_sampling_ops, the engine's first call compiled a
-    sampling op, and while it did the update's AdamW took its compile-time path: other last bits in about half
-    of the resumed runs.)"""
-    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *VLLM, "rollout.loop=turns", *PARTIAL]
-    train(tmp_path / "whole", *extra, env=ONE_THREAD)
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
-    assert_same_run(broken, tmp_path / "whole")
-
-
 def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint: Path, tmp_path: Path) -> None:
     """SIGTERM while the sampler waits before step 3's batch (k = 1: during update 2): the run ends step 2,
     saves it with the batch sampled ahead (save_on_signal), exits 143 saying how to resume, and that command
@@ -284,7 +268,8 @@ def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_
     """vLLM's CPU build, k = 1 with partial rollouts: colocated (the trainer's own engine, shared by the batches
     in flight and periodic evaluation, weights swapped per call: rollout/weight_slots.py), in one engine process
     holding both batches' weights, and in two, the last two with random delays in the tools, the engines and
-    the update: the same metrics, kept trajectories and weights."""
+    the update, and colocated again, killed as update 3 starts and resumed: the same metrics, kept trajectories
+    and weights."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *VLLM, *EVAL]
     extra += ["rollout.loop=turns"]  # partial rollouts switch weights between turns
     one = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
@@ -295,3 +280,12 @@ def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_
     assert_same_run(tmp_path / "one", tmp_path / "colocated")
     train(tmp_path / "two", *extra, *SEPARATE, "rollout.engine_processes=2", env={**ONE_THREAD, **JITTER})
     assert_same_run(tmp_path / "two", tmp_path / "colocated")
+    # colocated, killed as update 3 starts: the resumed run's new engine samples step 4 beside the resumed update
+    # 3 (its first call once compiled a sampling op, which changed that update's last bits in about half of the
+    # resumes: vllm_engine._compile_sampling_ops)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
+    assert_same_run(broken, tmp_path / "colocated")
