@@ -136,6 +136,16 @@ SEPARATE = ["rollout.placement=separate", "rollout.weight_bucket_mb=0.05"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the trainer's and every engine's: the same arithmetic in each placement
 
 
+def assert_resumes_after_kill(folder: Path, extra: list[str], when: str, whole: Path) -> None:
+    """A run (one thread) killed by SIGKILL at `when` (faults.py) in `folder`, then the same command: the finished
+    run under `whole`."""
+    folder.mkdir()
+    proc = run_retool(*ARGS, *extra, cwd=folder, env={**ONE_THREAD, "RETOOL_DIE_AFTER": when})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_retool(*ARGS, *extra, cwd=folder, check=True, env=ONE_THREAD)
+    assert_same_run(folder, whole)
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
     sft_checkpoint: Path, tmp_path: Path, engine: str
@@ -158,12 +168,7 @@ def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
         engine == "vllm"
     ):  # (its resume: test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_count)
         return
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
-    assert_same_run(broken, tmp_path / "colocated")
+    assert_resumes_after_kill(tmp_path / "broken", extra, "update:3", tmp_path / "colocated")
 
 
 @pytest.mark.parametrize(
@@ -283,9 +288,4 @@ def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_
     # colocated, killed as update 3 starts: the resumed run's new engine samples step 4 beside the resumed update
     # 3 (its first call once compiled a sampling op, which changed that update's last bits in about half of the
     # resumes: vllm_engine._compile_sampling_ops)
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    proc = run_retool(*ARGS, *extra, cwd=broken, env={**ONE_THREAD, "RETOOL_DIE_AFTER": "update:3"})
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    run_retool(*ARGS, *extra, cwd=broken, check=True, env=ONE_THREAD)
-    assert_same_run(broken, tmp_path / "colocated")
+    assert_resumes_after_kill(tmp_path / "broken", extra, "update:3", tmp_path / "colocated")
