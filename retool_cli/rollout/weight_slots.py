@@ -2,11 +2,12 @@
 
 The overlapped sampler (rl/overlap.py) keeps up to k + 1 batches in flight, each sampled by its own weight
 version, on an engine per batch (a slot). The hf engine can hold one model per slot; vLLM sizes its memory (the
-KV cache) for one engine a process, so its slots share one: each slot's weights wait in host memory, and a call
-for a slot whose weights the engine does not hold loads them first (VLLMEngine.update_weights, which also
-resets the prefix cache). Calls take turns (a lock), so the engine samples one batch's round at a time while
-the trainer updates beside it. A request's tokens depend on its prompt, seed and weights alone, so the order in
-which the slots' calls arrive changes the wall time and nothing else.
+KV cache) for one engine a process, so its slots share one: each slot's weights wait beside it (a snapshot, on
+the policy's device), and a call for a slot whose weights the engine does not hold loads them first
+(VLLMEngine.update_weights, which also resets the prefix cache). Calls take turns (a lock), so the engine
+samples one batch's round at a time while the trainer updates beside it. A request's tokens depend on its
+prompt, seed and weights alone, so the order in which the slots' calls arrive changes the wall time and nothing
+else.
 
 Used by rollout/engine_process.py (each engine process's slots) and, colocated, by commands/train.py, where the
 trainer's own engine (periodic evaluation) is one more slot holding the live policy.
