@@ -8,8 +8,6 @@ import copy
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from retool_cli import run_lock, stops
-from retool_cli.checkpoint_paths import latest_checkpoint, record_of
-from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine, RolloutPlacement
+from retool_cli.checkpoint_paths import latest_checkpoint
+from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine
 from retool_cli.data.dataset import load_examples, prepare_dataset
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
 from retool_cli.errors import ConfigError
@@ -31,29 +29,24 @@ from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.llama_family import supports
 from retool_cli.model.loading import load_policy, load_tokenizer, model_path
 from retool_cli.model.precision import Precision, resolve_device, resolve_precision
-from retool_cli.rl.checkpoints import load_trainer_state, rng_state, save_checkpoint
+from retool_cli.rl.checkpoints import Checkpointing, resume, rng_state
 from retool_cli.rl.distributed import (
     agreed_stop,
     barrier,
-    full_state,
     full_weights,
     init_distributed,
     leave_process_group,
     peers_alive,
     same_folder_everywhere,
     shard,
-    side_group,
     world,
 )
 from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.overlap import Pipeline, plain_policy
+from retool_cli.rl.sampler import overlapped_sampling, sampled_ahead, shared_engine
 from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
 from retool_cli.rl.update import update
-from retool_cli.rollout import build_engine
-from retool_cli.rollout.engine_process import engine_processes
 from retool_cli.rollout.watchdog import time_limit
-from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
 
@@ -224,45 +217,6 @@ def periodic_eval(config: RetoolConfig, dev_split: list, folder: Path, rt: Runti
         return dev_eval(config, dev_split[: config.trainer.eval_problems], folder, rt)
 
 
-def resume(
-    checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog
-) -> tuple[int, int, list]:
-    """(step, data cursor, this process's batches sampled ahead) to continue from: the checkpoint's, with its
-    optimizer, schedule and RNG restored, or (0, 0, []). The data cursor is the one after the last batch sampled
-    (with trainer.max_staleness, the checkpoint keeps the batches sampled for the steps after it: rl/overlap.py;
-    each process's share of them: sampled_ahead). The metrics log (rank 0's) loses what a stopped run logged
-    after it (all of it, without one)."""
-    start, cursor = 0, 0
-    pending: list[Any] = []
-    if checkpoint is not None:
-        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
-        start, cursor = state["step"], state["cursor"]
-        shares = state.get("pending_by_rank", [state.get("pending", [])])  # one process's: "pending" alone
-        rank, size = world()
-        if any(shares) and len(shares) != size:
-            raise ConfigError(
-                f"{checkpoint} keeps batches sampled ahead (trainer.max_staleness) by {len(shares)} trainer "
-                f"process(es), each its own share, and this run has {size}: resume it with trainer.nproc x "
-                f"trainer.nnodes = {len(shares)} processes"
-            )
-        pending = shares[rank] if any(shares) else []
-        log.info("resumed from %s (step %d)", checkpoint, start)
-    metrics.truncate_after(start)
-    return start, cursor, pending
-
-
-def sampled_ahead(pipeline: Pipeline, step: int, cursor: int) -> dict[str, Any]:
-    """What a checkpoint of step `step` keeps of the sampler (Pipeline.checkpoint_state). Several processes:
-    each sampled its own share of the batches ahead, gathered to rank 0, which saves them all (a collective)."""
-    state = pipeline.checkpoint_state(step, cursor)
-    rank, size = world()
-    if size == 1:
-        return state
-    shares: list[Any] | None = [None] * size if rank == 0 else None
-    torch.distributed.gather_object(state.pop("pending"), shares, dst=0)
-    return {**state, "pending_by_rank": shares}
-
-
 def rollouts_in_turn(
     plan: StepPlan,
     examples: list,
@@ -286,111 +240,6 @@ def rollouts_in_turn(
         if config.trainer.save_on_signal and step - 1 > checkpoint_at.last:
             checkpoint_at(step - 1, before)
         raise
-
-
-@contextlib.contextmanager
-def overlapped_sampling(
-    config: RetoolConfig,
-    plan: StepPlan,
-    precision: Precision,
-    examples: list,
-    rt: Runtime,
-    model: Any,
-    start: int,
-    cursor: int,
-    pending: list,
-) -> Iterator[Pipeline | None]:
-    """With trainer.max_staleness > 0, the sampler thread (rl/overlap.py) with an engine of its own, its
-    weights at step `start`; else None (rollouts and update take turns)."""
-    if config.trainer.max_staleness == 0:
-        yield None
-        return
-    t = config.trainer
-    # batches in flight at once, each sampled by its engine's copy of the weights: up to k + 1 (step s may start
-    # once update s - 1 - k is done, while steps s - k .. s - 1 still sample); dynamic sampling: one, since a
-    # batch's data cursor is known only when the batch before it ends
-    slots = 1 if t.dynamic_sampling else t.max_staleness + 1
-    with contextlib.ExitStack() as stack:
-        if config.rollout.placement is RolloutPlacement.separate:
-            engines: list[Engine] = stack.enter_context(engine_processes(config, precision, model, rt.tokenizer, slots))
-        elif isinstance(rt.engine, SlotEngine):  # vLLM colocated: the trainer's engine, shared (see shared_engine)
-            engines = [SlotEngine(rt.engine.slots, slot) for slot in range(slots)]
-        else:
-            sampler = plain_policy(model)  # LoRA merged, FSDP2 gathered: what every engine of the sampler loads
-            engines = [build_engine(config, precision, sampler, rt.tokenizer, own_copy=True) for _ in range(slots)]
-        yield stack.enter_context(sample_ahead(config, plan, examples, rt, model, engines, start, cursor, pending))
-
-
-def shared_engine(config: RetoolConfig, rt: Runtime) -> Runtime:
-    """Colocated vLLM with trainer.max_staleness > 0: the process's one vLLM engine samples for the batches in
-    flight and for the trainer (periodic evaluation), each slot with its own weights, in turn
-    (rollout/weight_slots.py); else `rt` as it is."""
-    colocated = config.rollout.placement is RolloutPlacement.colocated
-    if config.trainer.max_staleness == 0 or not colocated or config.rollout.engine is not RolloutEngine.vllm:
-        return rt
-    return replace(rt, engine=SlotEngine(WeightSlots(rt.engine), "trainer"))
-
-
-@contextlib.contextmanager
-def sample_ahead(
-    config: RetoolConfig,
-    plan: StepPlan,
-    examples: list,
-    rt: Runtime,
-    model: Any,
-    engines: list[Engine],
-    start: int,
-    cursor: int,
-    pending: list,
-) -> Iterator[Pipeline]:
-    """The sampler's pipeline over `engines`, its first weights published."""
-    t = config.trainer
-    # several processes: each samples its share of every batch; dynamic sampling counts the groups over all of
-    # them in the sampler's threads, which must not meet the trainer's collectives in the run's group
-    group = side_group(t.collective_timeout_s) if t.dynamic_sampling else None
-
-    def sample(step: int, cursor: int, engine: Engine, weights_for_phase: Callable[[int], int]) -> tuple[Any, int]:
-        pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
-        die_if_due("sampling", step)  # killed while sampling ahead (RETOOL_DIE_AFTER=sampling:N: before step N's)
-        # the tools and judge are shared
-        return collect(plan, examples, cursor, step, replace(rt, engine=engine), weights_for_phase, group)
-
-    per_step = None if t.dynamic_sampling else t.questions_per_step
-    last, timeout = t.total_steps, config.rollout.engine_timeout_s
-    args = (sample, engines, t.max_staleness, start, last, cursor, pending, timeout, per_step, config.rollout.partial)
-    with Pipeline(*args) as pipeline:
-        pipeline.publish(start, model)
-        yield pipeline
-
-
-class Checkpointing:
-    """Writes the run's checkpoints (rank 0; FSDP2's gather is every process's) and remembers the last one."""
-
-    def __init__(
-        self, config: RetoolConfig, out_dir: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, rank: int
-    ) -> None:
-        self.config, self.out_dir, self.rank = config, out_dir, rank
-        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
-        self.last = 0
-
-    def __call__(self, step: int, state: dict[str, Any]) -> None:
-        """checkpoints/step_N with `state` (the data cursor; the RNG state when it is not the current one)."""
-        full = full_state(self.model, self.optimizer)  # FSDP2: gathered on rank 0, by every process
-        if self.rank == 0:
-            t = self.config.trainer
-            save_checkpoint(
-                self.out_dir,
-                step,
-                self.model,
-                self.tokenizer,
-                self.optimizer,
-                self.scheduler,
-                state,
-                t.keep_last,
-                record_of(self.config),
-                full,
-            )
-        self.last = step
 
 
 def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:

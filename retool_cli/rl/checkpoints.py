@@ -3,6 +3,7 @@ loading only: where a run's checkpoints are, which is complete and which is the 
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -14,10 +15,15 @@ import numpy as np
 import torch
 
 from retool_cli import stops
-from retool_cli.checkpoint_paths import checkpoints, write_record
+from retool_cli.checkpoint_paths import checkpoints, record_of, write_record
+from retool_cli.config import RetoolConfig
 from retool_cli.files import umask
+from retool_cli.metrics_log import MetricsLog
 from retool_cli.model.loading import is_lora, merged_state_dict
-from retool_cli.rl.distributed import load_optimizer_state
+from retool_cli.rl.distributed import full_state, load_optimizer_state
+from retool_cli.rl.sampler import pending_share
+
+log = logging.getLogger(__name__)
 
 
 def rng_state() -> dict[str, Any]:
@@ -79,3 +85,52 @@ def load_trainer_state(checkpoint: Path, model: Any, optimizer: Any, scheduler: 
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
+
+
+def resume(
+    checkpoint: Path | None, model: Any, optimizer: Any, scheduler: Any, metrics: MetricsLog
+) -> tuple[int, int, list[Any]]:
+    """(step, data cursor, this process's batches sampled ahead) to continue from: the checkpoint's, with its
+    optimizer, schedule and RNG restored, or (0, 0, []). The data cursor is the one after the last batch sampled
+    (with trainer.max_staleness, the checkpoint keeps the batches sampled for the steps after it: rl/overlap.py;
+    each process's share of them: rl/sampler.py). The metrics log (rank 0's) loses what a stopped run logged
+    after it (all of it, without one)."""
+    start, cursor = 0, 0
+    pending: list[Any] = []
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint, model, optimizer, scheduler)
+        start, cursor = state["step"], state["cursor"]
+        pending = pending_share(state, checkpoint)
+        log.info("resumed from %s (step %d)", checkpoint, start)
+    metrics.truncate_after(start)
+    return start, cursor, pending
+
+
+class Checkpointing:
+    """Writes the run's checkpoints (rank 0; FSDP2's gather is every process's) and remembers the last one."""
+
+    def __init__(
+        self, config: RetoolConfig, out_dir: Path, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, rank: int
+    ) -> None:
+        self.config, self.out_dir, self.rank = config, out_dir, rank
+        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.last = 0
+
+    def __call__(self, step: int, state: dict[str, Any]) -> None:
+        """checkpoints/step_N with `state` (the data cursor; the RNG state when it is not the current one)."""
+        full = full_state(self.model, self.optimizer)  # FSDP2: gathered on rank 0, by every process
+        if self.rank == 0:
+            t = self.config.trainer
+            save_checkpoint(
+                self.out_dir,
+                step,
+                self.model,
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                state,
+                t.keep_last,
+                record_of(self.config),
+                full,
+            )
+        self.last = step

@@ -9,7 +9,7 @@ samples one batch's round at a time while the trainer updates beside it. A reque
 prompt, seed and weights alone, so the order in which the slots' calls arrive changes the wall time and nothing
 else.
 
-Used by rollout/engine_process.py (each engine process's slots) and, colocated, by commands/train.py, where the
+Used by rollout/engine_process.py (each engine process's slots) and, colocated, by rl/sampler.py, where the
 trainer's own engine (periodic evaluation) is one more slot holding the live policy.
 """
 
