@@ -61,8 +61,11 @@ def one_run(spec: dict) -> dict:
             yield replace(rt, tools=[LongTail(t, *tail) for t in rt.tools]) if tail else rt
 
     command.MetricsLog.write, command.open_runtime = timed_write, with_tail
-    with tempfile.TemporaryDirectory() as run_dir:
-        command.train(config, Path(run_dir), config_key(config), 0, 1)
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            command.train(config, Path(run_dir), config_key(config), 0, 1)
+    finally:  # (--in-process: the next run patches the originals again)
+        command.MetricsLog.write, command.open_runtime = write_row, open_runtime
     per_step = [b - a for a, b in itertools.pairwise(logged)]  # steps 2..: what overlap can change
     timed = ("trainer_idle_share", "sampler_idle_share", "weight_transfer_s")  # k = 0 logs none of them
     shares = {k: statistics.mean(r.get(f"time/{k}", 0.0) for r in rows[1:]) for k in timed}
@@ -126,7 +129,7 @@ def main() -> None:
                     "tail": tail,
                     "engine": args.engine,
                 }
-                runs[arm].append(run_isolated(spec))
+                runs[arm].append(one_run(spec) if args.in_process else run_isolated(spec))
                 print(f"{name} repeat {r} {arm}: {runs[arm][-1]['s_per_step']:.2f} s/step", flush=True)
         for arm, got in runs.items():
             quantities[f"{name}/{arm}_s_per_step"] = spread([g["s_per_step"] for g in got])
@@ -159,6 +162,9 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--workloads", nargs="+", default=["smoke", "long_tail"], choices=["smoke", "long_tail"])
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout=ENGINE (vllm: its CPU build)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="every run in this process (no figures: the quick check of keys)"
+    )
     add_json_out(parser)
     return parser.parse_args()
 

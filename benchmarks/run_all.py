@@ -79,7 +79,7 @@ BENCHMARKS = [
         "overlap",
         "overlap_bench.py",
         ["--repeats", "3"],
-        ["--repeats", "1", "--steps", "2", "--questions", "2", "--tail", "0.01", "1", "0.1"],
+        ["--repeats", "1", "--steps", "2", "--questions", "2", "--tail", "0.01", "1", "0.1", "--in-process"],
         ["smoke_sft"],
     ),
     Benchmark("packing", "packing_bench.py", ["--rounds", "7"], ["--rounds", "1", "--questions", "2", "--group", "2"]),

@@ -317,7 +317,8 @@ class RolloutConfig:
         "vLLM only: GPUs one engine spans (a model one device cannot hold). In `train` the engine is colocated "
         "with the trainer (as verl's hybrid engine): each group of this many consecutive processes of a node "
         "runs one engine and rolls out one share of the questions, then trains on its own part of it; "
-        "trainer.nproc must be a multiple of it",
+        "trainer.nproc must be a multiple of it. With trainer.max_staleness >= 1, colocated only (the span's "
+        "calls in its first process's order: rollout/weight_slots.py, CallOrder)",
     )
     vllm_batch_invariant: bool = doc(
         False,
@@ -1033,11 +1034,11 @@ class RetoolConfig:
         if t.max_staleness == 0:
             return
         _check(
-            self.rollout.vllm_tensor_parallel_size == 1,
+            self.rollout.vllm_tensor_parallel_size == 1 or self.rollout.placement is RolloutPlacement.colocated,
             "rollout.vllm_tensor_parallel_size",
-            f"{self.rollout.vllm_tensor_parallel_size}: with trainer.max_staleness >= 1 each trainer process's "
-            "sampler (its engine process, or its threads) holds the whole model, so 1 for now; set "
-            "trainer.max_staleness=0 to span a vLLM engine over several processes",
+            f"{self.rollout.vllm_tensor_parallel_size} with rollout.placement=separate: an engine process holds the "
+            "whole model, so 1 for now; a vLLM engine spanning trainer processes samples ahead colocated "
+            "(rollout.placement=colocated)",
         )
 
     def _check_learning_signal(self) -> None:

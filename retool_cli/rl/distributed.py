@@ -139,6 +139,19 @@ def side_group(timeout_s: float) -> Any:
     return torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def engine_span_group(span: int, timeout_s: float) -> Any:
+    """A gloo group of this process's engine span: the `span` consecutive processes one vLLM engine spans
+    (rollout.vllm_tensor_parallel_size), for the collectives a sampler's threads run; None when `span` is 1. (A
+    collective: every process creates every span's group at the same point.)"""
+    if span == 1:
+        return None
+    rank, size = world()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    spans = [list(range(first, first + span)) for first in range(0, size, span)]
+    groups = [torch.distributed.new_group(ranks=ranks, timeout=timeout, backend="gloo") for ranks in spans]
+    return groups[rank // span]
+
+
 def agreed_stop() -> int | None:
     """The stop signal any process of the run received (a collective: every process asks at the same step), so
     that all of them stop at the same step boundary; None when none did."""

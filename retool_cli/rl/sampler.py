@@ -18,12 +18,12 @@ from retool_cli.errors import ConfigError
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine, Runtime
 from retool_cli.model.precision import Precision
-from retool_cli.rl.distributed import side_group, world
+from retool_cli.rl.distributed import engine_span_group, side_group, world
 from retool_cli.rl.overlap import Pipeline, plain_policy
 from retool_cli.rl.step import StepPlan, collect
 from retool_cli.rollout import build_engine
 from retool_cli.rollout.engine_process import engine_processes
-from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
+from retool_cli.rollout.weight_slots import CallOrder, SlotEngine, WeightSlots
 
 
 @contextlib.contextmanager
@@ -53,6 +53,8 @@ def overlapped_sampling(
             engines: list[Engine] = stack.enter_context(engine_processes(config, precision, model, rt.tokenizer, slots))
         elif isinstance(rt.engine, SlotEngine):  # vLLM colocated: the trainer's engine, shared (see shared_engine)
             engines = [SlotEngine(rt.engine.slots, slot) for slot in range(slots)]
+            if isinstance(rt.engine.slots, WeightSlots) and rt.engine.slots.order is not None:
+                stack.enter_context(rt.engine.slots.order)  # exits after the pipeline: its last call made
         else:
             sampler = plain_policy(model)  # LoRA merged, FSDP2 gathered: what every engine of the sampler loads
             engines = [build_engine(config, precision, sampler, rt.tokenizer, own_copy=True) for _ in range(slots)]
@@ -66,7 +68,10 @@ def shared_engine(config: RetoolConfig, rt: Runtime) -> Runtime:
     colocated = config.rollout.placement is RolloutPlacement.colocated
     if config.trainer.max_staleness == 0 or not colocated or config.rollout.engine is not RolloutEngine.vllm:
         return rt
-    return replace(rt, engine=SlotEngine(WeightSlots(rt.engine), "trainer"))
+    span = config.rollout.vllm_tensor_parallel_size  # an engine spanning processes: its calls in one order
+    group = engine_span_group(span, config.trainer.collective_timeout_s)
+    order = CallOrder(group, leader=world()[0] // span * span) if group is not None else None
+    return replace(rt, engine=SlotEngine(WeightSlots(rt.engine, order), "trainer"))
 
 
 @contextlib.contextmanager

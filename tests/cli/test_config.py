@@ -173,11 +173,7 @@ def test_hydra_argv_moves_flags_before_overrides() -> None:
                 "rollout.placement=separate",
                 "rollout.vllm_tensor_parallel_size=2",
             ],
-            "rollout.vllm_tensor_parallel_size: 2: with trainer.max_staleness >= 1",
-        ),
-        (
-            ["trainer.max_staleness=1", "trainer.nproc=2", "rollout=vllm", "rollout.vllm_tensor_parallel_size=2"],
-            "each trainer process's sampler",
+            "rollout.vllm_tensor_parallel_size: 2 with rollout.placement=separate: an engine process holds",
         ),
         (["rollout.partial=true"], "rollout.partial: partial rollouts continue a trajectory"),
         (["rollout.partial=true", "trainer.max_staleness=1", "rollout.loop=async"], "rollout.loop: async: partial"),

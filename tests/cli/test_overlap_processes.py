@@ -18,6 +18,7 @@ from tests.cli.test_overlap import (
     train,
 )
 from tests.cli.test_stops import rows_of
+from tests.cli.test_vllm import VLLM
 from tests.helpers import run_retool
 
 PIPELINE_KEYS = ("trainer.max_staleness", "rollout.partial")  # what a synchronous run of the same config drops
@@ -60,3 +61,28 @@ def test_several_trainer_processes_overlap_and_resume_exactly(
         synchronous = [a for a in extra if a.split("=")[0] not in PIPELINE_KEYS]
         on_policy = train(tmp_path / "on_policy", *synchronous, "trainer.total_steps=1")
         assert comparable(on_policy)[0] == {k: v for k, v in comparable(whole)[0].items() if k in on_policy[0]}
+
+
+def test_a_vllm_engine_spanning_two_processes_samples_ahead_as_one_process_does(
+    sft_checkpoint: Path, tmp_path: Path
+) -> None:
+    """rollout.vllm_tensor_parallel_size=2 with trainer.max_staleness=1 (colocated): the two trainer processes
+    are one vLLM engine, whose calls their samplers' threads make in the order the first process takes them
+    (rollout/weight_slots.py: CallOrder). Under random delays everywhere it samples what one process's engine
+    samples ahead, every step, with the same weight versions, and each process trains on half of it (the
+    gradient as one process's, to rounding)."""
+    extra = [
+        f"trainer.init_from={sft_checkpoint}",
+        "trainer.max_staleness=1",
+        *PARTIAL,
+        *VLLM,
+        "rollout.loop=turns",
+    ]
+    spanning = train(tmp_path / "tp", *extra, "trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2", env=JITTER)
+    one = train(tmp_path / "one", *extra)
+    assert [r["rollout/behaviour_version"] for r in spanning] == [0, 0, 1, 2]
+    assert max(r["rollout/partial_share"] for r in spanning) > 0
+    sampled = ("rollout/response_tokens", "rollout/code_calls", "rollout/turns", "rollout/behaviour_version")
+    for tp, alone in zip(spanning, one, strict=True):  # the engine's whole share; each process trains on half
+        assert {k: tp[k] for k in sampled} == {k: alone[k] for k in sampled}
+        assert tp["train/grad_norm"] == pytest.approx(alone["train/grad_norm"], rel=1e-4)
