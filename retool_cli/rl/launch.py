@@ -34,6 +34,7 @@ from pathlib import Path
 from retool_cli import run_lock, stops
 from retool_cli.config import RetoolConfig, RolloutEngine, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
+from retool_cli.rollout.vllm_engine import release_stale_shared_memory
 
 log = logging.getLogger(__name__)
 LAUNCH_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")  # how a run is laid out, not what it computes
@@ -151,6 +152,8 @@ def launch_processes(
     )
     if layout.node_rank == 0:
         run_lock.claim(run_dir, "train")  # held for the ranks (rank 0 writes there as ours)
+    if vllm and (stale := release_stale_shared_memory()):  # a killed run's: this run's engines could not start
+        log.warning("removed the shared memory a killed vLLM run left: %s", ", ".join(map(str, stale)))
     with tempfile.TemporaryDirectory(prefix="retool-launch-") as scratch:
         report = Path(scratch) / "stopped"
         env = {**os.environ, run_lock.LAUNCHER_ENV: str(os.getpid()), stops.REPORT_ENV: str(report)}

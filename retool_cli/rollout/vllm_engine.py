@@ -32,6 +32,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -338,6 +339,26 @@ def _per_process_engine() -> dict[str, Any]:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return {"distributed_executor_backend": "external_launcher"}
     return {}
+
+
+def release_stale_shared_memory(folder: Path = Path("/dev/shm")) -> list[Path]:
+    """vLLM's CPU build passes tensors between the processes of an engine spanning them through shared-memory
+    segments of fixed names (`...-tp:0-[0-1]-cpushm_<rank>`: vllm/distributed/device_communicators/
+    cpu_communicator.py), which those processes remove as they exit. A run killed by SIGKILL leaves them, and
+    the next engine of the same span cannot start (`create shm in SHMManager failed. errno: 17`): rerunning
+    the command would never resume. Removes this user's segments that no live process maps, before a run's
+    processes start (rl/launch.py); returns them."""
+    mine = [p for p in folder.glob("*cpushm*") if p.stat().st_uid == os.getuid()]
+    if not mine:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):  # "address perms offset device inode path", one per mapping
+        with contextlib.suppress(OSError):  # a process gone, or another user's
+            mapped.update(line.split(maxsplit=5)[-1] for line in maps.read_text().splitlines() if "cpushm" in line)
+    stale = [p for p in mine if str(p) not in mapped]
+    for segment in stale:
+        segment.unlink(missing_ok=True)
+    return stale
 
 
 class VLLMStream:

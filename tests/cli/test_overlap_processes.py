@@ -68,18 +68,16 @@ def test_a_vllm_engine_spanning_two_processes_samples_ahead_as_one_process_does(
 ) -> None:
     """rollout.vllm_tensor_parallel_size=2 with trainer.max_staleness=1 (colocated): the two trainer processes
     are one vLLM engine, whose calls their samplers' threads make in the order the first process takes them
-    (rollout/weight_slots.py: CallOrder). Under random delays everywhere it samples what one process's engine
-    samples ahead, every step, with the same weight versions, and each process trains on half of it (the
-    gradient as one process's, to rounding)."""
-    extra = [
-        f"trainer.init_from={sft_checkpoint}",
-        "trainer.max_staleness=1",
-        *PARTIAL,
-        *VLLM,
-        "rollout.loop=turns",
-    ]
-    spanning = train(tmp_path / "tp", *extra, "trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2", env=JITTER)
+    (rollout/weight_slots.py: CallOrder). Under random delays everywhere, killed as update 3 starts and resumed
+    by the same command, it samples what one process's engine samples ahead, every step, with the same weight
+    versions, and each process trains on half of it (the gradient as one process's, to rounding)."""
+    extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *VLLM, "rollout.loop=turns"]
     one = train(tmp_path / "one", *extra)
+    args = [*ARGS, *extra, "trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2", "hydra.run.dir=run"]
+    result = run_retool(*args, cwd=tmp_path, env={**JITTER, "RETOOL_DIE_AFTER": "update:3"})
+    assert result.returncode != 0 and len(rows_of(tmp_path / "run")) == 2, result.stderr[-3000:]
+    run_retool(*args, cwd=tmp_path, check=True, env=JITTER)
+    spanning = rows_of(tmp_path / "run")
     assert [r["rollout/behaviour_version"] for r in spanning] == [0, 0, 1, 2]
     assert max(r["rollout/partial_share"] for r in spanning) > 0
     sampled = ("rollout/response_tokens", "rollout/code_calls", "rollout/turns", "rollout/behaviour_version")

@@ -152,3 +152,20 @@ def test_the_rendezvous_store_listens_where_it_is_bound() -> None:
         if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port
     ]
     assert listening == [f"0100007F:{port:04X}"]
+
+
+def test_a_killed_vllm_runs_shared_memory_is_released_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """The segments vLLM's CPU build names after its span (fixed names): those no process maps (a SIGKILLed
+    run's) are removed before a launch, those a live process maps stay (here: this process maps one)."""
+    import mmap
+
+    from retool_cli.rollout.vllm_engine import release_stale_shared_memory
+
+    stale, live, other = tmp_path / "-tp:0-[0-1]-cpushm_0", tmp_path / "-tp:0-[0-1]-cpushm_1", tmp_path / "weights"
+    for segment in (stale, live, other):
+        segment.write_bytes(b"\0" * mmap.PAGESIZE)
+    with live.open("r+b") as file, mmap.mmap(file.fileno(), mmap.PAGESIZE):
+        assert release_stale_shared_memory(tmp_path) == [stale]
+        assert not stale.exists() and live.exists() and other.exists()
+    assert release_stale_shared_memory(tmp_path) == [live]  # unmapped now
+    assert release_stale_shared_memory(tmp_path) == [] and other.exists()
