@@ -58,6 +58,10 @@ def preload() -> None:
     from hydra.core.plugins import Plugins
 
     Plugins.instance()  # scans hydra_plugins once
+    import matplotlib
+
+    matplotlib.use("Agg")  # as metrics_log.plot_metrics sets it: half a second at every train and sft's end
+    import matplotlib.pyplot
     warm_numba()
     gc.freeze()  # the collector leaves what is here alone in the forks: their memory stays shared, not copied
 
