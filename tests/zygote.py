@@ -62,6 +62,7 @@ def preload() -> None:
 
     matplotlib.use("Agg")  # as metrics_log.plot_metrics sets it: half a second at every train and sft's end
     import matplotlib.pyplot
+
     warm_numba()
     gc.freeze()  # the collector leaves what is here alone in the forks: their memory stays shared, not copied
 
