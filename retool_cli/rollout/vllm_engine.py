@@ -171,7 +171,7 @@ class VLLMEngine:
                     **launcher,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
-            raise RetoolError(f"vLLM could not start on {model_path}: {exc}") from exc
+            raise start_failure(model_path, exc) from exc
         finally:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
@@ -359,6 +359,20 @@ def release_stale_shared_memory(folder: Path = Path("/dev/shm")) -> list[Path]:
     for segment in stale:
         segment.unlink(missing_ok=True)
     return stale
+
+
+def start_failure(model_path: str, error: BaseException) -> RetoolError:
+    """The error of an engine that could not start; a shared-memory segment that exists already (one a live
+    process maps: release_stale_shared_memory removed the others) means another engine over the same ranks runs
+    on this machine, since vLLM's CPU build names them after the ranks alone."""
+    message = f"vLLM could not start on {model_path}: {error}"
+    if "SHMManager" in str(error) and "errno: 17" in str(error):
+        message += (
+            ". Another run on this machine holds the shared memory of a vLLM engine over the same ranks "
+            "(/dev/shm/*cpushm*: vLLM's CPU build names it after the ranks alone, so one engine spanning "
+            "processes runs per machine at a time); wait for that run to end or stop it, then rerun"
+        )
+    return RetoolError(message)
 
 
 class VLLMStream:

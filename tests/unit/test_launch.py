@@ -169,3 +169,14 @@ def test_a_killed_vllm_runs_shared_memory_is_released_and_a_live_ones_kept(tmp_p
         assert not stale.exists() and live.exists() and other.exists()
     assert release_stale_shared_memory(tmp_path) == [live]  # unmapped now
     assert release_stale_shared_memory(tmp_path) == [] and other.exists()
+
+
+def test_a_vllm_span_held_by_another_run_is_named_in_the_error() -> None:
+    """vLLM's CPU build's words when a segment exists already (seen when a killed run's were left): the error
+    says that another run holds them and what to do; other errors are left as they are."""
+    from retool_cli.rollout.vllm_engine import start_failure
+
+    held = str(start_failure("ckpt", RuntimeError("create shm in SHMManager failed. errno: 17")))
+    assert held.startswith("vLLM could not start on ckpt: create shm") and "Another run on this machine" in held
+    other = str(start_failure("ckpt", ValueError("max_model_len is larger than the model's")))
+    assert other == "vLLM could not start on ckpt: max_model_len is larger than the model's"
