@@ -17,13 +17,14 @@ import torch
 from retool_cli import stops
 from retool_cli.checkpoint_paths import checkpoints, record_of, write_record
 from retool_cli.config import RetoolConfig
+from retool_cli.errors import ConfigError
 from retool_cli.files import umask
 from retool_cli.metrics_log import MetricsLog
 from retool_cli.model.loading import is_lora, merged_state_dict
-from retool_cli.rl.distributed import full_state, load_optimizer_state
-from retool_cli.rl.sampler import pending_share
+from retool_cli.rl.distributed import full_state, load_optimizer_state, world
 
 log = logging.getLogger(__name__)
+PENDING_BY_RANK = "pending_by_rank"  # several trainer processes' batches sampled ahead, each its own share
 
 
 def rng_state() -> dict[str, Any]:
@@ -104,6 +105,21 @@ def resume(
         log.info("resumed from %s (step %d)", checkpoint, start)
     metrics.truncate_after(start)
     return start, cursor, pending
+
+
+def pending_share(state: dict[str, Any], checkpoint: Path) -> list[Any]:
+    """This process's share of the batches a checkpoint's trainer_state keeps sampled ahead (written by
+    rl/sampler.py: sampled_ahead), or []; a checkpoint written by another number of trainer processes, with
+    batches ahead, is refused."""
+    shares = state.get(PENDING_BY_RANK, [state.get("pending", [])])  # one process's: "pending" alone
+    rank, size = world()
+    if any(shares) and len(shares) != size:
+        raise ConfigError(
+            f"{checkpoint} keeps batches sampled ahead (trainer.max_staleness) by {len(shares)} trainer "
+            f"process(es), each its own share, and this run has {size}: resume it with trainer.nproc x "
+            f"trainer.nnodes = {len(shares)} processes"
+        )
+    return shares[rank] if any(shares) else []
 
 
 class Checkpointing:

@@ -8,16 +8,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from retool_cli.config import RetoolConfig, RolloutEngine, RolloutPlacement
-from retool_cli.errors import ConfigError
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine, Runtime
 from retool_cli.model.precision import Precision
+from retool_cli.rl.checkpoints import PENDING_BY_RANK
 from retool_cli.rl.distributed import engine_span_group, side_group, world
 from retool_cli.rl.overlap import Pipeline, plain_policy
 from retool_cli.rl.step import StepPlan, collect
@@ -108,25 +107,12 @@ def sample_ahead(
 
 def sampled_ahead(pipeline: Pipeline, step: int, cursor: int) -> dict[str, Any]:
     """What a checkpoint of step `step` keeps of the sampler (Pipeline.checkpoint_state). Several processes:
-    each sampled its own share of the batches ahead, gathered to rank 0, which saves them all (a collective)."""
+    each sampled its own share of the batches ahead, gathered to rank 0, which saves them all (a collective;
+    each resumes with its own: rl/checkpoints.py, pending_share)."""
     state = pipeline.checkpoint_state(step, cursor)
     rank, size = world()
     if size == 1:
         return state
     shares: list[Any] | None = [None] * size if rank == 0 else None
     torch.distributed.gather_object(state.pop("pending"), shares, dst=0)
-    return {**state, "pending_by_rank": shares}
-
-
-def pending_share(state: dict[str, Any], checkpoint: Path) -> list[Any]:
-    """This process's share of the batches a checkpoint's trainer_state keeps sampled ahead (sampled_ahead), or
-    []; a checkpoint written by another number of trainer processes, with batches ahead, is refused."""
-    shares = state.get("pending_by_rank", [state.get("pending", [])])  # one process's: "pending" alone
-    rank, size = world()
-    if any(shares) and len(shares) != size:
-        raise ConfigError(
-            f"{checkpoint} keeps batches sampled ahead (trainer.max_staleness) by {len(shares)} trainer "
-            f"process(es), each its own share, and this run has {size}: resume it with trainer.nproc x "
-            f"trainer.nnodes = {len(shares)} processes"
-        )
-    return shares[rank] if any(shares) else []
+    return {**state, PENDING_BY_RANK: shares}
