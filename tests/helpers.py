@@ -65,7 +65,7 @@ def start_retool(
     process's environment, the hub offline, and `env`: forked from the test process's zygote (tests/zygote.py: the
     imports done once), a plain subprocess where RETOOL_TEST_ZYGOTE=0."""
     env = command_env(env)
-    zygote = zygote_for(env)
+    zygote = zygote_for(env, list(args))
     if zygote is not None:
         return zygote.start(list(args), env, cwd, text, merged)
     stderr = subprocess.STDOUT if merged else subprocess.PIPE

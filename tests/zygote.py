@@ -40,10 +40,11 @@ from typing import IO, Any
 # Environment variables read when a command runs, not when it imports (pytest sets the last one for each test).
 RUN_TIME = ("RETOOL_", "COLUMNS", "PYTEST_CURRENT_TEST")
 MODELS = [f"transformers.models.{arch}.modeling_{arch}" for arch in ("qwen2", "qwen3", "llama")]
+VLLM_MODULES = ("vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.v1.worker.cpu_model_runner")
 NOT_IMPORTED = ("retool_cli.__main__", "retool_cli.env.sandbox_worker")  # run as scripts, never imported
 
 
-def preload() -> None:
+def preload(vllm: bool) -> None:
     from retool_cli.cli import _quiet_libraries
 
     _quiet_libraries()  # what main() sets, before the imports that read it
@@ -64,6 +65,8 @@ def preload() -> None:
     import matplotlib.pyplot
 
     warm_numba()
+    if vllm:
+        preload_vllm()
     gc.freeze()  # the collector leaves what is here alone in the forks: their memory stays shared, not copied
 
 
@@ -73,6 +76,18 @@ def warm_numba() -> None:
     import numba
 
     numba.njit(lambda x: x + 1)(1)
+
+
+def preload_vllm() -> None:
+    """vLLM and the modules its CPU engine loads as it starts (5-6 s of a core at each `rollout=vllm` command's
+    first engine), imported as the command would: after the command's environment (`_quiet_libraries`) and
+    through `_import_vllm`. Only for commands that leave VLLM_BATCH_INVARIANT alone, which some of vLLM's
+    modules read when imported (`uses_vllm`). Imports only: vLLM starts no thread until an engine is built."""
+    from retool_cli.rollout.vllm_engine import _import_vllm
+
+    _import_vllm()
+    for name in VLLM_MODULES:
+        importlib.import_module(name)
 
 
 def send(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
@@ -230,12 +245,12 @@ class Forked:
 class Zygote:
     """The test's end of a zygote started with `env`."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], vllm: bool) -> None:
         self.env = env
         self.control, theirs = socket.socketpair()
         self.lock = threading.Lock()  # one request at a time on the control socket
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "tests.zygote", str(theirs.fileno()), *(["vllm"] if vllm else [])],
             cwd=Path(__file__).resolve().parent.parent,
             env=env,
             pass_fds=[theirs.fileno()],
@@ -255,20 +270,28 @@ class Zygote:
             self.proc.wait(timeout=600)
 
 
-_zygotes: dict[tuple[int, frozenset], Zygote] = {}  # the most recently used last
-KEEP = 2  # zygotes per test process (about 0.5 GB each, mostly shared with its forks)
+_zygotes: dict[tuple[int, bool, frozenset], Zygote] = {}  # the most recently used last
+KEEP = 3  # zygotes per test process (0.5-1 GB each, mostly shared with its forks)
 
 
-def zygote_for(env: dict[str, str]) -> Zygote | None:
-    """This process's zygote for `env` but its RUN_TIME variables (started on first use, again if it died), or None
-    where RETOOL_TEST_ZYGOTE=0."""
-    if os.environ.get("RETOOL_TEST_ZYGOTE", "1") == "0":
+def uses_vllm(args: list[str]) -> bool:
+    """Whether a command chooses vLLM on its command line, leaving its batch-invariant kernels off (preload_vllm)."""
+    chosen = any(arg in ("rollout=vllm", "rollout.engine=vllm") for arg in args)
+    return chosen and not any("vllm_batch_invariant" in arg for arg in args)
+
+
+def zygote_for(env: dict[str, str], args: list[str]) -> Zygote | None:
+    """This process's zygote for `env` but its RUN_TIME variables, with vLLM preloaded where `args` choose it
+    (started on first use, again if it died), or None where RETOOL_TEST_ZYGOTE=0 (in `env`: a test that wants
+    a fresh interpreter)."""
+    if env.get("RETOOL_TEST_ZYGOTE", "1") == "0":
         return None
     base = {k: v for k, v in env.items() if not k.startswith(RUN_TIME)}
-    key = (os.getpid(), frozenset(base.items()))
+    vllm = uses_vllm(args)
+    key = (os.getpid(), vllm, frozenset(base.items()))
     zygote = _zygotes.pop(key, None)
     if zygote is None or zygote.proc.poll() is not None:
-        zygote = Zygote(base)
+        zygote = Zygote(base, vllm)
         atexit.register(zygote.close)
     _zygotes[key] = zygote
     while len(_zygotes) > KEEP:
@@ -277,6 +300,6 @@ def zygote_for(env: dict[str, str]) -> Zygote | None:
 
 
 if __name__ == "__main__":
-    preload()
+    preload(vllm=sys.argv[2:] == ["vllm"])
     serve(socket.socket(fileno=int(sys.argv[1])))
     os._exit(0)  # no teardown of every module (and no complaints from native ones about it)

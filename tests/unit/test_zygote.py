@@ -23,7 +23,7 @@ def fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complet
 
 
 def forked(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    zygote = zygote_for(env)
+    zygote = zygote_for(env, args)
     if zygote is None:
         pytest.skip("RETOOL_TEST_ZYGOTE=0")
     proc = zygote.start(args, env, cwd)
@@ -39,6 +39,7 @@ def forked(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comple
         ["train", "trainer.no_such_key=1"],  # Hydra's error, exit 1
         ["eval-report", "missing"],  # our error, naming the folder relative to the working folder
         ["prepare", "recipe=dapo_smoke", "data.synthetic.num_examples=-1", "hydra.run.dir=out"],  # a config check
+        ["train", "rollout=vllm", "rollout.group_size=0"],  # from the zygote that preloaded vLLM: nothing of it shows
     ],
 )
 def test_a_forked_command_says_and_exits_as_a_fresh_one(args: list[str], tmp_path: Path) -> None:
