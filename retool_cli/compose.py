@@ -1,5 +1,5 @@
 """How a command's config is composed: the typed schema registered with Hydra, and a command line that beats
-the recipe. The schema itself (keys, types, defaults, checks) is `config.py`."""
+the recipe. The schema itself (keys, types, defaults, checks) is `config/`."""
 
 from __future__ import annotations
 

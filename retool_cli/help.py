@@ -1,5 +1,5 @@
 """`retool COMMAND --help`: what the command does, what it reads and writes, the keys it needs with the
-documentation each field declares in config.py (`config.doc`) and their values under the overrides given, and
+documentation each field declares in config/ (`config.doc`) and their values under the overrides given, and
 examples. `--cfg job` stays the full composed config; `--hydra-help` Hydra's own flags."""
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 
 from retool_cli import config
 from retool_cli.help import COMMANDS, field_docs, render
@@ -35,8 +37,15 @@ def test_every_key_has_help_of_its_own() -> None:
 
 
 def test_no_field_is_documented_by_a_comment_instead() -> None:
-    """A comment on or just above a field is the old way, and help would not show it: config.py has none."""
-    source = inspect.getsource(config)
+    """A comment on or just above a field is the old way, and help would not show it: config/ has none."""
+    for module in [
+        config,
+        *(importlib.import_module(m.name) for m in pkgutil.iter_modules(config.__path__, "retool_cli.config.")),
+    ]:
+        no_field_comments(inspect.getsource(module))
+
+
+def no_field_comments(source: str) -> None:
     lines = source.splitlines()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef) and any(
