@@ -3,11 +3,9 @@ checkpoint of an unfinished run of the same config (same data position, RNG and 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +17,18 @@ from rich.progress import Progress
 from retool_cli import run_lock, stops
 from retool_cli.checkpoint_paths import latest_checkpoint
 from retool_cli.config import FsdpSharding, RetoolConfig, RolloutEngine
-from retool_cli.data.dataset import load_examples, prepare_dataset
+from retool_cli.data.dataset import training_examples
 from retool_cli.env.protocol import build_protocol, drop_overlong_prompts
-from retool_cli.errors import ConfigError
 from retool_cli.eval.sampling import dev_eval
-from retool_cli.faults import die_if_due, jitter, pause_if_due
-from retool_cli.interfaces import Engine, Runtime
+from retool_cli.faults import die_if_due, jitter
+from retool_cli.interfaces import Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
-from retool_cli.model.llama_family import supports
-from retool_cli.model.loading import load_policy, load_tokenizer, model_path
-from retool_cli.model.precision import Precision, resolve_device, resolve_precision
-from retool_cli.rl.checkpoints import Checkpointing, resume, rng_state
+from retool_cli.model.loading import load_tokenizer, model_path, policy_for
+from retool_cli.model.precision import resolve_precision
+from retool_cli.rl.checkpoints import Checkpointing, resume
 from retool_cli.rl.distributed import (
     agreed_stop,
     barrier,
-    full_weights,
     init_distributed,
     leave_process_group,
     peers_alive,
@@ -41,12 +36,25 @@ from retool_cli.rl.distributed import (
     shard,
     world,
 )
-from retool_cli.rl.launch import check_engine_span, launch_processes, resolve_rendezvous, typed_trainer_keys
+from retool_cli.rl.launch import (
+    check_devices,
+    check_engine_span,
+    launch_processes,
+    resolve_rendezvous,
+    typed_trainer_keys,
+)
 from retool_cli.rl.optim import build_optimizer, build_scheduler
-from retool_cli.rl.sampler import overlapped_sampling, sampled_ahead, shared_engine
-from retool_cli.rl.step import StepPlan, Timer, collect, kept_rollouts, step_metrics
+from retool_cli.rl.sampler import (
+    engine_call,
+    overlapped_sampling,
+    rollouts_in_turn,
+    sampled_ahead,
+    shared_engine,
+    sync_weights,
+    weights_for,
+)
+from retool_cli.rl.step import StepPlan, Timer, kept_rollouts, step_metrics
 from retool_cli.rl.update import update
-from retool_cli.rollout.watchdog import time_limit
 from retool_cli.run_keys import config_key
 from retool_cli.runtime import for_this_process, from_checkpoint, open_runtime, run_folder
 
@@ -54,48 +62,6 @@ log = logging.getLogger(__name__)
 # what trainer.resume=false replaces in its folder
 OUTPUTS = ("metrics.jsonl", "rollouts.jsonl", "checkpoints", "evals", "tensorboard", "final.txt", "train.png")
 PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/response_tokens", "eval/accuracy"]
-
-
-def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager:
-    """The hf engine decodes with the policy's own modules: under FSDP2 their weights are all-gathered for it.
-    vLLM keeps its own copy (synced after each step), so the trainer's shards stay sharded."""
-    return contextlib.nullcontext() if config.rollout.engine is RolloutEngine.vllm else full_weights(model)
-
-
-def policy_for(config: RetoolConfig, precision: Precision, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
-    """The policy to train and where its weights came from. A checkpoint's weights are complete (LoRA merged
-    in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
-    trained parameters are the adapters again."""
-    t, lora = config.trainer, config.model.lora_rank > 0
-    initial = config.model.name_or_path  # trainer.init_from's checkpoint (runtime.from_checkpoint) or the model
-    source = str(checkpoint) if checkpoint and not lora else initial
-    adapter = checkpoint / "adapter" if checkpoint and lora else None
-    model = load_policy(config.model, precision, source, t.gradient_checkpointing, adapter)
-    if sharded and config.rollout.engine is RolloutEngine.hf and not supports(model):
-        raise ConfigError(
-            f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
-            f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm"
-        )
-    return model, source
-
-
-def training_examples(config: RetoolConfig) -> tuple[list, list]:
-    """The training questions in this run's one seeded order (steps take consecutive slices), and the dev split
-    of the `data` section for periodic evals. A bad or empty file fails here, naming its key."""
-    t = config.trainer
-    if t.train_file:  # the `data` section is read only for the dev split of periodic evals, when none lies beside
-        examples = load_examples(t.train_file, "trainer.train_file")
-        dev_file = Path(t.train_file).with_name("dev.jsonl")
-        if not t.eval_every:
-            dev_split = []
-        elif dev_file.is_file():
-            dev_split = load_examples(str(dev_file), "trainer.train_file's dev.jsonl")
-        else:
-            dev_split = prepare_dataset(config.data, config.seed)[1]
-    else:
-        examples, dev_split, _ = prepare_dataset(config.data, config.seed)
-    random.Random(config.seed).shuffle(examples)
-    return examples, dev_split
 
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
@@ -113,17 +79,6 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
         run_lock.claim(run_dir, "train")
     with peers_alive():
         train(for_this_process(config, rank, size), run_dir, key, rank, size)
-
-
-def check_devices(config: RetoolConfig) -> None:
-    """A run of trainer.nproc processes on CUDA needs as many CUDA devices here (model.device=cuda without
-    CUDA is refused by resolve_device)."""
-    device, nproc = resolve_device(config.model.device), config.trainer.nproc
-    if device.type == "cuda" and torch.cuda.device_count() < nproc:
-        raise ConfigError(
-            f"trainer.nproc={nproc}: one CUDA device per process, and this machine has {torch.cuda.device_count()}; "
-            "lower trainer.nproc or run where the devices are"
-        )
 
 
 def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -> None:
@@ -215,38 +170,3 @@ def periodic_eval(config: RetoolConfig, dev_split: list, folder: Path, rt: Runti
         if world()[0] > 0:
             return {}
         return dev_eval(config, dev_split[: config.trainer.eval_problems], folder, rt)
-
-
-def rollouts_in_turn(
-    plan: StepPlan,
-    examples: list,
-    cursor: int,
-    step: int,
-    rt: Any,
-    model: Any,
-    timer: Timer,
-    checkpoint_at: Checkpointing,
-) -> tuple[Any, int]:
-    """Step `step`'s rollouts with the policy's current weights (trainer.max_staleness=0): the batch and the
-    data cursor after it. One process: a stop abandons them at once (nothing trained yet) and, with
-    trainer.save_on_signal, checkpoints the step before; several: see agreed_stop."""
-    config, size = checkpoint_at.config, world()[1]
-    before = {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
-    try:
-        with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
-            pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
-            return collect(plan, examples, cursor, step, rt)
-    except stops.Stopped:
-        if config.trainer.save_on_signal and step - 1 > checkpoint_at.last:
-            checkpoint_at(step - 1, before)
-        raise
-
-
-def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:
-    """A call into the engine outside the rollouts, under rollout.engine_timeout_s."""
-    return time_limit(config.rollout.engine_timeout_s, what, "rollout.engine_timeout_s")
-
-
-def sync_weights(config: RetoolConfig, engine: Engine, model: Any) -> None:
-    with engine_call(config, "the weight sync into the engine"):
-        engine.update_weights(model)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from retool_cli.config import DataConfig, DataSource
+from retool_cli.config import DataConfig, DataSource, RetoolConfig
 from retool_cli.data.synthetic import generate_rows
 from retool_cli.errors import DataError
 from retool_cli.files import read_parquet, read_text, text_lines
@@ -394,3 +394,22 @@ def prepare_dataset(
         train = train[: cfg.max_examples]
     stats.kept_train, stats.kept_dev = len(train), len(dev)
     return train, dev, stats
+
+
+def training_examples(config: RetoolConfig) -> tuple[list[MathExample], list[MathExample]]:
+    """The training questions in this run's one seeded order (steps take consecutive slices), and the dev split
+    of the `data` section for periodic evals. A bad or empty file fails here, naming its key."""
+    t = config.trainer
+    if t.train_file:  # the `data` section is read only for the dev split of periodic evals, when none lies beside
+        examples = load_examples(t.train_file, "trainer.train_file")
+        dev_file = Path(t.train_file).with_name("dev.jsonl")
+        if not t.eval_every:
+            dev_split = []
+        elif dev_file.is_file():
+            dev_split = load_examples(str(dev_file), "trainer.train_file's dev.jsonl")
+        else:
+            dev_split = prepare_dataset(config.data, config.seed)[1]
+    else:
+        examples, dev_split, _ = prepare_dataset(config.data, config.seed)
+    random.Random(config.seed).shuffle(examples)
+    return examples, dev_split

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from retool_cli.config import ModelConfig
+from retool_cli.config import ModelConfig, RetoolConfig, RolloutEngine
 from retool_cli.errors import ConfigError
+from retool_cli.model.llama_family import supports
 from retool_cli.model.precision import Precision
 from retool_cli.model.tokenizer_check import check_tokenizer
 
@@ -208,3 +209,20 @@ def sampler_model(config: Any, generation_config: Any, dtype: torch.dtype, devic
     model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype)
     model.generation_config = generation_config
     return model.eval().requires_grad_(False)
+
+
+def policy_for(config: RetoolConfig, precision: Precision, checkpoint: Path | None, sharded: bool) -> tuple[Any, str]:
+    """The policy to train and where its weights came from. A checkpoint's weights are complete (LoRA merged
+    in); a LoRA run resumes from its initial weights plus the checkpoint's adapter instead, so that the
+    trained parameters are the adapters again."""
+    t, lora = config.trainer, config.model.lora_rank > 0
+    initial = config.model.name_or_path  # trainer.init_from's checkpoint (runtime.from_checkpoint) or the model
+    source = str(checkpoint) if checkpoint and not lora else initial
+    adapter = checkpoint / "adapter" if checkpoint and lora else None
+    model = load_policy(config.model, precision, source, t.gradient_checkpointing, adapter)
+    if sharded and config.rollout.engine is RolloutEngine.hf and not supports(model):
+        raise ConfigError(
+            f"trainer.fsdp=true with rollout.engine=hf needs a Llama-family model "
+            f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm"
+        )
+    return model, source

@@ -34,6 +34,7 @@ from pathlib import Path
 from retool_cli import run_lock, stops
 from retool_cli.config import RetoolConfig, RolloutEngine, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
+from retool_cli.model.precision import resolve_device
 from retool_cli.rollout.vllm_engine import release_stale_shared_memory
 
 log = logging.getLogger(__name__)
@@ -218,3 +219,16 @@ def check_engine_span(config: RetoolConfig, size: int) -> None:
         )
     if config.trainer.eval_every:  # the periodic eval runs on rank 0 alone: an engine spanning processes cannot
         raise ConfigError("trainer.eval_every with rollout.vllm_tensor_parallel_size > 1 is not supported yet: set 0")
+
+
+def check_devices(config: RetoolConfig) -> None:
+    """A run of trainer.nproc processes on CUDA needs as many CUDA devices here (model.device=cuda without
+    CUDA is refused by resolve_device)."""
+    import torch
+
+    device, nproc = resolve_device(config.model.device), config.trainer.nproc
+    if device.type == "cuda" and torch.cuda.device_count() < nproc:
+        raise ConfigError(
+            f"trainer.nproc={nproc}: one CUDA device per process, and this machine has {torch.cuda.device_count()}; "
+            "lower trainer.nproc or run where the devices are"
+        )

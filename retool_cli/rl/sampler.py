@@ -1,7 +1,9 @@
-"""The sampler of overlapped training (trainer.max_staleness > 0) as `retool train` sets it up: its engines
+"""Where `retool train`'s batches come from. With trainer.max_staleness = 0, each step's rollouts in turn with the
+update, by the policy's current weights (`rollouts_in_turn`). Above 0, the overlapped sampler: its engines
 (threads of the trainer's process with copies of the weights, slots of the process's one vLLM engine, or engine
 processes: rollout.placement), the Pipeline over them (rl/overlap.py), and what a checkpoint keeps of it: each
-trainer process's share of the batches sampled ahead."""
+trainer process's share of the batches sampled ahead. And the trainer's calls into its engine outside the
+rollouts (`sync_weights`, `engine_call`), each under rollout.engine_timeout_s."""
 
 from __future__ import annotations
 
@@ -12,16 +14,20 @@ from typing import Any
 
 import torch
 
+from retool_cli import stops
 from retool_cli.config import RetoolConfig, RolloutEngine, RolloutPlacement
+from retool_cli.data.dataset import MathExample
 from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.interfaces import Engine, Runtime
 from retool_cli.model.precision import Precision
-from retool_cli.rl.checkpoints import PENDING_BY_RANK
-from retool_cli.rl.distributed import engine_span_group, side_group, world
+from retool_cli.rl.batch import Batch
+from retool_cli.rl.checkpoints import PENDING_BY_RANK, Checkpointing, rng_state
+from retool_cli.rl.distributed import engine_span_group, full_weights, side_group, world
 from retool_cli.rl.overlap import Pipeline, plain_policy
-from retool_cli.rl.step import StepPlan, collect
+from retool_cli.rl.step import StepPlan, Timer, collect
 from retool_cli.rollout import build_engine
 from retool_cli.rollout.engine_process import engine_processes
+from retool_cli.rollout.watchdog import time_limit
 from retool_cli.rollout.weight_slots import CallOrder, SlotEngine, WeightSlots
 
 
@@ -116,3 +122,44 @@ def sampled_ahead(pipeline: Pipeline, step: int, cursor: int) -> dict[str, Any]:
     shares: list[Any] | None = [None] * size if rank == 0 else None
     torch.distributed.gather_object(state.pop("pending"), shares, dst=0)
     return {**state, PENDING_BY_RANK: shares}
+
+
+def rollouts_in_turn(
+    plan: StepPlan,
+    examples: list[MathExample],
+    cursor: int,
+    step: int,
+    rt: Runtime,
+    model: Any,
+    timer: Timer,
+    checkpoint_at: Checkpointing,
+) -> tuple[Batch, int]:
+    """Step `step`'s rollouts with the policy's current weights (trainer.max_staleness=0): the batch and the
+    data cursor after it. One process: a stop abandons them at once (nothing trained yet) and, with
+    trainer.save_on_signal, checkpoints the step before; several: see agreed_stop."""
+    config, size = checkpoint_at.config, world()[1]
+    before = {"cursor": cursor, "rng": rng_state()}  # what a checkpoint of step - 1 holds
+    try:
+        with timer("rollout_s"), weights_for(config, model), stops.interruptible(size == 1):
+            pause_if_due("rollouts", step)  # the stop tests' fixed point (RETOOL_PAUSE_AT=rollouts:N)
+            return collect(plan, examples, cursor, step, rt)
+    except stops.Stopped:
+        if config.trainer.save_on_signal and step - 1 > checkpoint_at.last:
+            checkpoint_at(step - 1, before)
+        raise
+
+
+def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager[Any]:
+    """The hf engine decodes with the policy's own modules: under FSDP2 their weights are all-gathered for it.
+    vLLM keeps its own copy (synced after each step), so the trainer's shards stay sharded."""
+    return contextlib.nullcontext() if config.rollout.engine is RolloutEngine.vllm else full_weights(model)
+
+
+def engine_call(config: RetoolConfig, what: str) -> contextlib.AbstractContextManager[None]:
+    """A call into the engine outside the rollouts, under rollout.engine_timeout_s."""
+    return time_limit(config.rollout.engine_timeout_s, what, "rollout.engine_timeout_s")
+
+
+def sync_weights(config: RetoolConfig, engine: Engine, model: Any) -> None:
+    with engine_call(config, "the weight sync into the engine"):
+        engine.update_weights(model)

@@ -168,8 +168,8 @@ def test_eval_counts_references_no_answer_can_match(tmp_path: Path) -> None:
 def test_a_train_file_is_all_train_reads_without_periodic_evals(tmp_path: Path) -> None:
     """trainer.train_file decides what is loaded: a `data` section that cannot load (here a missing file; offline,
     a hub dataset) is not touched unless periodic evals need a dev split and none lies beside the file."""
-    from retool_cli.commands.train import training_examples
     from retool_cli.config import DataConfig, DataSource, TrainerConfig
+    from retool_cli.data.dataset import training_examples
     from retool_cli.errors import DataError
 
     rows = [{"id": f"q{i}", "question": f"What is {i}+1?", "answer": str(i + 1), "data_source": "x"} for i in range(5)]
