@@ -46,15 +46,20 @@ def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # pytest-xdist hands a worker a whole file at a time in this order, so the long ones do not end up last on one
 # worker while the other waits.
 LONGEST_FIRST = [
+    "tests/cli/test_overlap.py",
+    "tests/cli/test_overlap_processes.py",
     "tests/cli/test_nodes.py",
-    "tests/cli/test_stops.py",
+    "tests/unit/test_benchmarks.py",
     "tests/cli/test_train.py",
+    "tests/cli/test_stops.py",
     "tests/cli/test_real_models.py",
-    "tests/cli/test_eval.py",
-    "tests/unit/test_vllm_engine.py",
     "tests/cli/test_vllm.py",
-    "tests/unit/test_distributed.py",
+    "tests/unit/test_sandbox.py",
+    "tests/cli/test_eval.py",
+    "tests/unit/test_zygote.py",
     "tests/cli/test_prepare.py",
+    "tests/unit/test_vllm_engine.py",
+    "tests/unit/test_distributed.py",
     "tests/cli/test_mistakes.py",
     "tests/cli/test_report.py",
 ]
