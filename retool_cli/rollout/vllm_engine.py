@@ -269,6 +269,14 @@ class VLLMEngine:
         if self.sleep_mode:
             self.llm.wake_up()
 
+    def close(self) -> None:
+        """Shuts the engine down now, and with it vLLM's process-wide distributed state (the model-parallel
+        groups, which every engine of the process shares). Left to the garbage collector, vLLM's finalizer does
+        this at whatever moment the collector reaches the engine: in a process that has built another engine
+        since, it tears down that engine's groups under it (seen in CI: a second in-process engine's compilation
+        failed on `None.rank`). A second call does nothing."""
+        self.llm.llm_engine.engine_core.shutdown()
+
 
 @contextlib.contextmanager
 def _hidden_from_kernel_scan() -> Iterator[None]:

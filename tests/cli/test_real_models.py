@@ -106,7 +106,7 @@ def rollout(engine, protocol, sandbox):
 
 @pytest.mark.parametrize("engine_name", ["hf", "vllm"])
 def test_an_imitating_model_reproduces_its_trajectory_through_the_loop(
-    engine_name, imitating_model: Path, tokenizer
+    engine_name, imitating_model: Path, tokenizer, request: pytest.FixtureRequest
 ) -> None:
     if engine_name == "hf":
         model = AutoModelForCausalLM.from_pretrained(imitating_model, dtype=torch.float32)
@@ -117,6 +117,7 @@ def test_an_imitating_model_reproduces_its_trajectory_through_the_loop(
         engine = VLLMEngine(
             str(imitating_model), torch.float32, 0, 1024, 0.5, sleep_mode=False, kv_cache_gib=0.25, tokenizer=tokenizer
         )
+        request.addfinalizer(engine.close)  # also when an assertion fails first (a second close does nothing)
     with Sandbox(SandboxConfig(isolation=Isolation.auto, workers=1)) as sandbox, Verifier(timeout_s=10) as judge:
         for name, protocol in protocols(tokenizer).items():
             t = rollout(engine, protocol, sandbox)
@@ -131,6 +132,13 @@ def test_an_imitating_model_reproduces_its_trajectory_through_the_loop(
                 assert model_turn == TAGGED_TURN and tool == "\n<interpreter>\n42\n</interpreter>\n"
             [score] = score_batch([t.response()], RewardConfig(), judge)
             assert score.correct and score.extracted == "42"
+    if engine_name == "vllm":
+        from vllm.distributed import parallel_state
+
+        # shut down now, not by the collector at some later moment, when its finalizer would tear down the
+        # process-wide groups of an engine built since (CI: another test file's engine, in this pytest worker)
+        engine.close()
+        assert not parallel_state.model_parallel_is_initialized()
 
 
 # ------------------------------------------------------------------ the commands, with the model folder

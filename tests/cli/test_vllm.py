@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 from retool_cli.model.precision import Precision
@@ -96,7 +97,7 @@ def test_train_with_vllm_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp
     assert comparable(metrics_of(broken)) == comparable(reference)
 
 
-def test_async_and_turns_sample_the_same_through_vllm(sft_checkpoint: Path) -> None:
+def test_async_and_turns_sample_the_same_through_vllm(sft_checkpoint: Path, request: pytest.FixtureRequest) -> None:
     """vLLM's stream (rollout.loop=async: one request per trajectory turn, the engine stepping whatever is in
     flight) against its batch calls (turns) on the SFT checkpoint at temperature 1, through the real sandbox and
     the recipe's protocol: the same trajectories token for token, also when tool calls finish in a random order;
@@ -129,6 +130,7 @@ def test_async_and_turns_sample_the_same_through_vllm(sft_checkpoint: Path) -> N
     assert checkpoint is not None
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engine = VLLMEngine(str(checkpoint), torch.float32, 0, 1024, 0.5, False, kv_cache_gib=0.25, tokenizer=tokenizer)
+    request.addfinalizer(engine.close)  # not left to the collector (VLLMEngine.close)
     recipe_prompt = "Solve it. Use <code> for hard arithmetic. Answer in \\boxed{}."  # conf/recipe/dapo_smoke.yaml
     protocol = build_protocol(ProtocolConfig(system_prompt=recipe_prompt), tokenizer)
     examples = [MathExample(i, q, a, "synthetic") for i, q, a, _ in generate(SyntheticConfig(num_examples=8), 3)]

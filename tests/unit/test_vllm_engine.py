@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def tokenizer(policy_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def engine(policy_dir: Path) -> VLLMEngine:
-    return VLLMEngine(
+def engine(policy_dir: Path) -> Iterator[VLLMEngine]:
+    engine = VLLMEngine(
         str(policy_dir),
         torch.float32,
         seed=0,
@@ -73,6 +74,8 @@ def engine(policy_dir: Path) -> VLLMEngine:
         sleep_mode=True,
         kv_cache_gib=0.25,
     )
+    yield engine
+    engine.close()  # not left to the collector: its finalizer would tear down a later engine's groups
 
 
 def load_policy(policy_dir: Path):
