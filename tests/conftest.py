@@ -1,6 +1,8 @@
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,18 @@ def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
             run.parent.mkdir(exist_ok=True)
             run_retool("sft", *SFT, f"hydra.run.dir={run}", cwd=run.parent, check=True)
     return run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_vllm_engine_left_open() -> Iterator[None]:
+    """A test file that builds vLLM engines in the pytest process closes them (VLLMEngine.close). Left open, an
+    engine is shut down by vLLM's finalizer whenever the collector gets to it, and that tears down vLLM's
+    process-wide groups under whatever engine the worker has built since: CI saw another file's engine fail on
+    `None.rank` while it compiled."""
+    yield
+    parallel_state = sys.modules.get("vllm.distributed.parallel_state")
+    if parallel_state is not None and parallel_state.model_parallel_is_initialized():
+        pytest.fail("a vLLM engine built in this file was left open: close it (VLLMEngine.close) when done")
 
 
 # The test files that take longest (seconds on a 2-core machine with 2 workers, README "Development"), run first:
