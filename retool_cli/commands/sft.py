@@ -23,6 +23,7 @@ from retool_cli.faults import die_if_due, pause_if_due
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_policy, load_tokenizer
 from retool_cli.model.precision import resolve_precision
+from retool_cli.rl import packing
 from retool_cli.rl.checkpoints import load_trainer_state, save_checkpoint
 from retool_cli.rl.logprobs import counted_token_logprobs, micro_batch_indices, sft_positions
 from retool_cli.rl.optim import build_optimizer, build_scheduler
@@ -123,6 +124,8 @@ def run(config: RetoolConfig, run_dir: Path) -> None:
     source = str(checkpoint) if checkpoint and not lora else config.model.name_or_path
     adapter = checkpoint / "adapter" if checkpoint and lora else None
     model = load_policy(config.model, precision, source, config.trainer.gradient_checkpointing, adapter)
+    if cfg.pack_sequences:  # a model that cannot pack is refused before the first step
+        packing.enable(model)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.warmup_steps, cfg.steps, cfg.schedule)
     metrics = MetricsLog(out_dir)

@@ -25,6 +25,7 @@ from retool_cli.interfaces import Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
 from retool_cli.model.loading import load_tokenizer, model_path, policy_for
 from retool_cli.model.precision import resolve_precision
+from retool_cli.rl import packing
 from retool_cli.rl.checkpoints import Checkpointing, resume
 from retool_cli.rl.distributed import (
     agreed_stop,
@@ -94,6 +95,8 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     precision = resolve_precision(config, training=True)
     log.info("precision: %s", precision)
     model, source = policy_for(config, precision, checkpoint, sharded=t.fsdp and size > 1)
+    if t.pack_sequences:  # a model that cannot pack is refused here, not after the first rollouts
+        packing.enable(model)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
     if t.fsdp and size > 1:  # after the reference copy: that one stays whole on each process
         shard(model, replicas=t.nnodes if t.fsdp_sharding is FsdpSharding.hybrid else 1)
@@ -141,11 +144,8 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 if t.eval_every and step % t.eval_every == 0 and dev_split:
                     row.update(periodic_eval(config, dev_split, out_dir / "evals" / f"step_{step}", rt, model))
                 metrics.write(row, kept_rollouts(batch, t.keep_rollouts, config.seed * 1_000_003 + step, rt.tools))
-                progress.update(
-                    task,
-                    completed=step,
-                    description=f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}",
-                )
+                shown = f"train acc {row['train/accuracy']:.2f} code {row['train/used_code']:.2f}"
+                progress.update(task, completed=step, description=shown)
                 stop = agreed_stop()
                 if step % t.save_every == 0 or step == t.total_steps or (stop and t.save_on_signal):
                     checkpoint_at(step, sampled_ahead(pipeline, step, cursor) if pipeline else {"cursor": cursor})

@@ -11,9 +11,12 @@ inside the model's own forward. The LM head runs only at the positions whose nex
 
 The attention function is registered with transformers' AttentionInterface under "retool_packed:<impl>" and
 installed on the model (`enable`); a forward without `packed_segments` (generation, the plain pass) falls back
-to the model's own implementation <impl>, unchanged bit for bit. Because the model's forward runs as usual,
-LoRA adapters, FSDP2's per-layer hooks, gradient checkpointing (the recompute sees the same keyword arguments)
-and bf16 autocast compose with it unchanged.
+to the model's own implementation <impl>, unchanged bit for bit. Only attention learns where the segments are,
+so `enable` first checks, on a probe, that the model mixes positions nowhere else: a convolution, a state-space
+or linear-attention layer, or an attention that is not transformers' (Bloom, Falcon, GPT-J, MPT, ...) would
+carry one sequence into the next, and such a model is refused by name rather than trained on wrong numbers.
+Because the model's forward runs as usual, LoRA adapters, FSDP2's per-layer hooks, gradient checkpointing (the
+recompute sees the same keyword arguments) and bf16 autocast compose with it unchanged.
 
 The same idea as verl's `use_remove_padding` (unpadded tokens, flash-attention varlen over cu_seqlens) and TRL's
 padding-free collator (position ids restarting per sequence); those need flash-attention kernels, this runs
@@ -34,11 +37,18 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from retool_cli.errors import ConfigError
+
 NAME = "retool_packed"
 _VARLEN: Any = None  # flash-attention over cumulative sequence lengths (CUDA builds of PyTorch >= 2.10)
 with contextlib.suppress(ImportError):  # an older PyTorch: SDPA per segment everywhere
     from torch.nn.attention.varlen import varlen_attn as _VARLEN
 _forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads)
+TURN_OFF = "set trainer.pack_sequences=false (sft.pack_sequences=false)"
+# The probe's largest difference, over the spread of the logits, that is rounding: fp32 rounding measured ~1e-6
+# on 30 transformers architectures, the smallest leak 3e-3 (a tiny random LFM2 with a convolution layer); half
+# precision (and TF32) rounds to ~1e-2, so there the probe catches gross leaks only (a trained model's are)
+FP32_PROBE_TOLERANCE, HALF_PROBE_TOLERANCE = 1e-4, 5e-2
 
 
 @dataclass(frozen=True)
@@ -119,8 +129,8 @@ def rows(sequences: list[list[int]], prompt_lens: list[int] | None, token_budget
 
 
 def enable(model: Any) -> None:
-    """Install the packed attention on the model (idempotent); its forward without `packed_segments` stays the
-    model's own implementation."""
+    """Install the packed attention on the model (idempotent), once the probe (`check_packs_exactly`) found its
+    packed forward exact; its forward without `packed_segments` stays the model's own implementation."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     own = base.config._attn_implementation
     if own.startswith(NAME):
@@ -129,6 +139,50 @@ def enable(model: Any) -> None:
     AttentionInterface.register(name, packed_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[own])  # the unpacked forward's mask
     base.set_attn_implementation(name)
+    try:
+        check_packs_exactly(model)
+    except BaseException:
+        base.set_attn_implementation(own)  # refused: the model is left as it was
+        raise
+
+
+def check_packs_exactly(model: Any) -> None:
+    """Refuse (ConfigError) a model whose packed forward is not its own forward sequence by sequence. The probe:
+    a short sequence packed behind two different ones (of one length) must get the logits it gets alone, in the
+    model's own precision (autocast off), in eval mode without gradients (every process of a sharded model runs
+    it alike: a collective); a random sequence from a generator of its own, so no run's random stream moves."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    weight = base.get_input_embeddings().weight
+    generator = torch.Generator().manual_seed(0)
+    vocab = base.get_input_embeddings().num_embeddings
+    before, other, probe = (torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (5, 5, 9))
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), torch.autocast(weight.device.type, enabled=False):
+            ids = torch.tensor([probe], device=weight.device)
+            alone = model(input_ids=ids, use_cache=False).logits[0].float()  # (9, V)
+            packed = []
+            for first in (before, other):
+                row = pack([first, probe])
+                packed.append(_packed_logits(model, row, row.where[1], weight.device)[0].float())  # (9, V)
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    spread = alone.std().clamp_min(1e-6)
+    value = float((packed[0] - alone).abs().max() / spread)  # what the packing changed
+    leak = float((packed[0] - packed[1]).abs().max() / spread)  # what the sequence before changed
+    full = weight.dtype in (torch.float32, torch.float64)
+    tf32 = weight.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+    tolerance = FP32_PROBE_TOLERANCE if full and not tf32 else HALF_PROBE_TOLERANCE
+    if max(value, leak) > tolerance:
+        raise ConfigError(
+            f"{type(base).__name__} cannot train on packed rows: a sequence packed behind another got other logits "
+            f"than alone (largest difference {max(value, leak):.1e} of the logits' spread, rounding is below "
+            f"{tolerance:.0e}): a layer other than transformers' attention (a convolution, a state-space or linear-"
+            f"attention layer, its own attention code, an attention bias) mixes positions across sequences; "
+            f"{TURN_OFF}"
+        )
 
 
 def packed_attention(
@@ -145,9 +199,9 @@ def packed_attention(
     """Attention within each segment of a packed row (B = 1); (1, T, H, D) like transformers' functions."""
     if packed_segments is None:  # not a packed forward: the model's own attention
         if getattr(_forward, "packed", False):  # a packed forward whose model dropped the segments on the way
-            raise RuntimeError(
+            raise ConfigError(
                 f"{type(module).__name__} does not pass attention keyword arguments through its forward, so its "
-                "sequences cannot be packed; set trainer.pack_sequences=false (sft.pack_sequences=false)"
+                f"sequences cannot be packed; {TURN_OFF}"
             )
         own = str(module.config._attn_implementation).removeprefix(f"{NAME}:")
         eager = sys.modules[type(module).__module__].eager_attention_forward  # the modeling file's own
@@ -157,9 +211,9 @@ def packed_attention(
         )
         return unpacked
     if kwargs.get("sliding_window") is not None:
-        raise RuntimeError(
+        raise ConfigError(
             f"{type(module).__name__} has sliding-window attention layers, which packed rows do not support yet; "
-            "set trainer.pack_sequences=false (sft.pack_sequences=false)"
+            f"{TURN_OFF}"
         )
     if attention_mask is not None or query.shape[0] != 1:
         raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
@@ -222,6 +276,10 @@ def _varlen_attention(
 def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V)."""
     enable(model)
+    return _packed_logits(model, row, keep, device)
+
+
+def _packed_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
     ids = row.input_ids.to(device)
     _forward.packed = True
     try:

@@ -312,3 +312,31 @@ def test_packed_sft_and_train_match_the_padded_runs(sft_checkpoint: Path, tmp_pa
     # at rounding level and its sign may differ (then at most 2 lr apart)
     differences = torch.cat([(packed[k] - padded[k]).abs().flatten() for k in padded])
     assert (differences < 1e-6).float().mean() > 0.99 and differences.max() <= 2.01e-4
+
+
+def test_a_model_that_cannot_pack_is_refused_before_training(tmp_path: Path) -> None:
+    """`sft.pack_sequences` / `trainer.pack_sequences` with a decoder whose positions also meet in a convolution
+    layer (a hybrid LFM2, random init, the tiny model's tokenizer): each command stops as the model loads, with
+    an error naming the model and the setting to turn off, and no step, checkpoint or metrics written."""
+    from transformers import AutoConfig
+
+    from retool_cli.model.tiny import tiny_model_path
+
+    folder = tmp_path / "lfm2"
+    shutil.copytree(tiny_model_path(), folder)
+    tiny = json.loads((folder / "config.json").read_text())
+    config = AutoConfig.for_model(
+        "lfm2", vocab_size=tiny["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"], full_attn_idxs=[1],
+        pad_token_id=tiny["pad_token_id"], bos_token_id=tiny["bos_token_id"], eos_token_id=tiny["eos_token_id"],
+    )  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    model = f"model.name_or_path={folder}"
+    for command, key, args in (("sft", "sft", SFT), ("train", "trainer", TRAIN)):
+        proc = run_retool(command, *args, model, f"{key}.pack_sequences=true", f"hydra.run.dir={command}", cwd=tmp_path)
+        said = " ".join((proc.stdout + proc.stderr).split())  # the error, as the terminal wrapped it
+        assert proc.returncode != 0 and "Traceback" not in said, said[-3000:]
+        assert "Lfm2ForCausalLM cannot train on packed rows" in said and f"{key}.pack_sequences=false" in said
+        metrics = tmp_path / command / "metrics.jsonl"
+        assert not (tmp_path / command / "checkpoints").exists()
+        assert not metrics.exists() or not read_jsonl(metrics), said[-3000:]

@@ -9,10 +9,11 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from retool_cli.config import LossAgg, RetoolConfig
 from retool_cli.data.dataset import MathExample
+from retool_cli.errors import ConfigError
 from retool_cli.model.precision import resolve_precision
 from retool_cli.model.tiny import tiny_model_path
 from retool_cli.rl import packing
@@ -267,7 +268,7 @@ def test_a_model_that_drops_the_segments_is_refused_not_trained_wrongly() -> Non
         layer.self_attn.forward = lambda *a, _own=own, **k: _own(
             *a, **{n: v for n, v in k.items() if n != "packed_segments"}
         )
-    with pytest.raises(RuntimeError, match=r"trainer.pack_sequences=false"):
+    with pytest.raises(ConfigError, match=r"trainer.pack_sequences=false"):
         sequence_logprobs(model, [[1, 2, 3], [4, 5]], 0, CPU, pack=True)
     sequence_logprobs(model, [[1, 2, 3], [4, 5]], 0, CPU)  # the padded pass still runs
 
@@ -280,5 +281,66 @@ def test_sliding_window_layers_are_refused() -> None:
         num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=0,
     )  # fmt: skip
     model = AutoModelForCausalLM.from_config(config)
-    with pytest.raises(RuntimeError, match=r"sliding-window .* trainer.pack_sequences=false"):
+    with pytest.raises(ConfigError, match=r"sliding-window .* trainer.pack_sequences=false"):
         sequence_logprobs(model, [[1, 2, 3, 4, 5, 6], [4, 5]], 0, CPU, pack=True)
+
+
+SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16}
+SMALL |= {"num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# Decoders whose positions meet outside transformers' attention interface, so a packed row would carry one
+# sequence into the next: a convolution layer (LFM2), a state-space model (Mamba), an attention of their own
+# with ALiBi (Bloom)
+MIXING = {
+    "lfm2 with a convolution layer": ("lfm2", {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]}),
+    "mamba": ("mamba", {}),
+    "bloom": ("bloom", {"n_layer": 2, "n_head": 4}),
+}
+
+
+def small_model(model_type: str, **extra) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **SMALL, **extra)).train()
+
+
+@pytest.mark.parametrize("name", list(MIXING))
+def test_a_model_that_mixes_positions_outside_attention_is_refused(name: str, monkeypatch) -> None:
+    """The probe refuses, naming the setting, a model whose packed pass would be wrong, and leaves it as it was
+    (its own attention, train mode); the padded pass still runs. Without the probe the packed pass's log-probs
+    would differ from the padded pass's: the refusal is what stands between such a model and wrong updates."""
+    model_type, extra = MIXING[name]
+    model = small_model(model_type, **extra)
+    own = model.config._attn_implementation
+    sequences, prompt_lens = _grouped_sequences(0)
+    with pytest.raises(ConfigError, match=r"cannot train on packed rows.*trainer.pack_sequences=false"):
+        sequence_logprobs(model, sequences, 0, CPU, prompt_lens=prompt_lens, pack=True)
+    assert model.config._attn_implementation == own and model.training
+    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    monkeypatch.setattr(packing, "check_packs_exactly", lambda model: None)
+    packed = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=True)
+    assert (padded[0] - packed[0]).abs().max() > 1e-4
+
+
+NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}  # the two passes' draws differ
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma", "phi3", "qwen3_moe"])
+def test_other_decoders_whose_attention_is_transformers_pack_exactly(model_type: str) -> None:
+    """Beyond Qwen2, Qwen3 and Llama: any decoder whose positions meet only in transformers' attention passes
+    the probe and trains on packed rows as on padded ones (mixture-of-experts routing included)."""
+    model = small_model(model_type, **NO_DROPOUT.get(model_type, {}))
+    sequences, prompt_lens = _grouped_sequences(0)
+    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    assert_same_pass(padded, _loss_and_grads(model, sequences, prompt_lens, shared=True, pack=True))
+
+
+def test_the_probe_leaves_modes_and_the_random_stream_as_they_were() -> None:
+    """The probe runs in eval mode without gradients on a generator of its own: every module's mode comes back
+    (a frozen part stays in eval mode), the run's random stream does not move, and no gradient is left."""
+    model = tiny_model("qwen2").train()
+    model.model.layers[0].eval()
+    state = torch.get_rng_state()
+    packing.enable(model)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.training and not model.model.layers[0].training and model.model.layers[1].training
+    assert all(p.grad is None for p in model.parameters())
+    assert model.config._attn_implementation == "retool_packed:sdpa"
