@@ -344,3 +344,53 @@ def test_the_probe_leaves_modes_and_the_random_stream_as_they_were() -> None:
     assert model.training and not model.model.layers[0].training and model.model.layers[1].training
     assert all(p.grad is None for p in model.parameters())
     assert model.config._attn_implementation == "retool_packed:sdpa"
+
+
+# transformers' decoders at tiny sizes (what each needs beyond SMALL): whatever a user points model.name_or_path at
+AS_THEY_ARE = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phimoe", "granitemoe", "jetmoe", "gemma", "phi"]
+AS_THEY_ARE += ["phi3", "olmo2", "cohere", "starcoder2", "gpt_neox", "smollm3", "glm", "persimmon", "biogpt", "opt"]
+AS_THEY_ARE += ["llama4_text", "mistral", "gemma2", "recurrent_gemma", "mamba", "xglm"]
+ARCHITECTURES: dict[str, dict] = {
+    **{model_type: {} for model_type in AS_THEY_ARE},
+    "gpt2": {"n_layer": 2, "n_head": 4, "n_embd": 64},
+    "gptj": {"n_layer": 2, "n_head": 4, "n_embd": 64, "rotary_dim": 8},
+    "codegen": {"n_layer": 2, "n_head": 4, "n_embd": 64, "rotary_dim": 8},
+    "bloom": {"n_layer": 2, "n_head": 4},
+    "falcon": {"head_dim": None},  # hidden_size / heads, not a setting
+    "mpt": {"n_layers": 2, "n_heads": 4, "d_model": 64},
+    "lfm2": MIXING["lfm2 with a convolution layer"][1],
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "num_experts": 2},
+    "falcon_h1": {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_ssm": 64},
+    "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
+    "minimax": {"layer_types": ["linear_attention", "full_attention"]},
+}
+
+
+# sliding-window layers (Mistral, Gemma 2), or positions that meet outside transformers' attention in transformers 5
+# (a later version may move one to the attention interface, and then it may pack)
+REFUSED = {"mistral", "gemma2", "recurrent_gemma", "mamba", "xglm", "gptj", "codegen", "bloom", "falcon", "mpt"}
+REFUSED |= {"lfm2", "jamba", "falcon_h1", "qwen3_next", "minimax"}
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_every_decoder_packs_exactly_or_is_refused(model_type: str) -> None:
+    """The kind, not the cases: on each architecture a packed pass either gives the padded pass's log-probs,
+    entropies and gradients, with and without shared prompts, or is refused by name (sliding windows, positions
+    that meet outside transformers' attention); never other numbers, and no decoder that packs is refused."""
+    extra = ARCHITECTURES[model_type]
+    settings = {key: value for key, value in {**SMALL, **extra}.items() if value is not None}
+    config = AutoConfig.for_model(model_type, **settings)
+    for key, value in list(vars(config).items()):  # no dropout or router noise: their draws differ between passes
+        if any(word in key for word in ("dropout", "pdrop", "jitter")) and isinstance(value, float):
+            setattr(config, key, 0.0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    sequences, prompt_lens = _grouped_sequences(0)
+    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
+    try:
+        packed = [_loss_and_grads(model, sequences, prompt_lens, shared=s, pack=True) for s in (False, True)]
+    except ConfigError as refused:
+        assert model_type in REFUSED and "trainer.pack_sequences=false" in str(refused), str(refused)
+        return
+    for one in packed:
+        assert_same_pass(padded, one)
