@@ -26,6 +26,7 @@ from retool_cli.env.tools import CodeInterpreter
 from retool_cli.errors import ConfigError
 from retool_cli.interfaces import Runtime, Tool, ToolProtocol
 from retool_cli.model.precision import Precision
+from retool_cli.rl.distributed import barrier
 from retool_cli.rollout import build_engine
 from retool_cli.run_keys import find_resumable, write_key
 
@@ -154,7 +155,11 @@ def open_runtime(
 ) -> Iterator[Runtime]:
     """The engine (sampling from `policy`; for a command that only samples, the model is loaded here, and vLLM
     loads `weights` itself), the tools when the protocol calls them (the code interpreter, over the sandbox), and the
-    judge's worker processes."""
+    judge's worker processes. On the way out, once every process of the run got there, the engine is shut down:
+    vLLM's takes its distributed groups (and the run's, which it shares across processes) down with it, where left
+    to its finalizer at the interpreter's exit it found them gone and printed a traceback after every run of
+    several processes. (An exception leaves it to the finalizer: a process that failed does not wait for the
+    others.)"""
     if policy is None and config.rollout.engine is not RolloutEngine.vllm:
         from retool_cli.model.loading import load_model
 
@@ -168,3 +173,7 @@ def open_runtime(
             tools.append(CodeInterpreter(sandbox, tokenizer, config.rollout))
         judge = stack.enter_context(Verifier(config.reward.judge_timeout_s, config.reward.judge_workers))
         yield Runtime(tokenizer, protocol, engine, tools, judge)
+    barrier()  # vLLM across processes: no process tears the groups down while another still uses them
+    close = getattr(engine, "close", None)  # vLLM's; the hf engine holds nothing to shut down
+    if close is not None:
+        close()

@@ -67,6 +67,8 @@ def two_nodes_and_one(args: list[str], cwd: Path) -> subprocess.CompletedProcess
     assert [code for code, _, _ in nodes] == [0, 0], nodes[0][1][-3000:] + nodes[1][1][-3000:]
     one = run_retool("train", *args, "trainer.nproc=2", "hydra.run.dir=one", cwd=cwd, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
+    for said in (nodes[0][1], nodes[1][1], one.stdout + one.stderr):  # a clean end: no process's exit complains
+        assert "Traceback" not in said, said[-3000:]
     assert comparable(metrics_of(cwd / "nodes")) == comparable(metrics_of(cwd / "one"))
     steps = metrics_of(cwd / "one")[-1]["step"]
     assert same_weights(weights(cwd / "nodes", steps), weights(cwd / "one", steps))
@@ -160,6 +162,8 @@ def test_a_vllm_engine_spanning_two_processes(sft_checkpoint: Path, tmp_path: Pa
     for name, extra in (("tp", ["trainer.nproc=2", "rollout.vllm_tensor_parallel_size=2"]), ("one", [])):
         proc = run_retool("train", *args, *extra, f"hydra.run.dir={name}", cwd=tmp_path, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # a clean end: each process's engine shut down before the run's groups (it once found them gone at exit)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
         runs[name] = metrics_of(tmp_path / name)
     # vLLM's CPU all-reduce segments (fixed names) released at the ranks' exit: a next run can make them again
     assert set(Path("/dev/shm").glob("*cpushm*")) <= shared_memory
