@@ -153,10 +153,11 @@ def check_packs_exactly(model: Any) -> None:
     model's own precision (autocast off), in eval mode without gradients (every process of a sharded model runs
     it alike: a collective); a random sequence from a generator of its own, so no run's random stream moves."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    weight = base.get_input_embeddings().weight
-    generator = torch.Generator().manual_seed(0)
-    vocab = base.get_input_embeddings().num_embeddings
-    before, other, probe = (torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (5, 5, 9))
+    embeddings = base.get_input_embeddings()
+    weight, generator = embeddings.weight, torch.Generator().manual_seed(0)
+    before, other, probe = (
+        torch.randint(0, embeddings.num_embeddings, (n,), generator=generator).tolist() for n in (5, 5, 9)
+    )
     modes = {module: module.training for module in model.modules()}
     model.eval()
     try:

@@ -320,19 +320,6 @@ def test_a_model_that_mixes_positions_outside_attention_is_refused(name: str, mo
     assert (padded[0] - packed[0]).abs().max() > 1e-4
 
 
-NO_DROPOUT = {"gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}  # the two passes' draws differ
-
-
-@pytest.mark.parametrize("model_type", ["gpt2", "gemma", "phi3", "qwen3_moe"])
-def test_other_decoders_whose_attention_is_transformers_pack_exactly(model_type: str) -> None:
-    """Beyond Qwen2, Qwen3 and Llama: any decoder whose positions meet only in transformers' attention passes
-    the probe and trains on packed rows as on padded ones (mixture-of-experts routing included)."""
-    model = small_model(model_type, **NO_DROPOUT.get(model_type, {}))
-    sequences, prompt_lens = _grouped_sequences(0)
-    padded = _loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False)
-    assert_same_pass(padded, _loss_and_grads(model, sequences, prompt_lens, shared=True, pack=True))
-
-
 def test_the_probe_leaves_modes_and_the_random_stream_as_they_were() -> None:
     """The probe runs in eval mode without gradients on a generator of its own: every module's mode comes back
     (a frozen part stays in eval mode), the run's random stream does not move, and no gradient is left."""
