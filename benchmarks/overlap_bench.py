@@ -120,12 +120,10 @@ def main() -> None:
         runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for r in range(args.repeats):
             for arm in [*arms][r % len(arms) :] + [*arms][: r % len(arms)]:  # each arm first in turn
-                # vLLM: partial rollouts switch weights between turns (rollout.loop=turns); the others keep the
-                # default loop (async)
-                turns = ["rollout.loop=turns"] if args.engine == "vllm" and "rollout.partial=true" in arms[arm] else []
+                # (vLLM: rollout.loop=auto is async, and turns with partial rollouts, which switch between turns)
                 spec = {
                     "checkpoint": str(checkpoint),
-                    "overrides": [*overrides, *arms[arm], *turns],
+                    "overrides": [*overrides, *arms[arm]],
                     "tail": tail,
                     "engine": args.engine,
                 }

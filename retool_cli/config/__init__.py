@@ -179,11 +179,11 @@ class RetoolConfig:
                 "trainer.max_staleness >= 1 (with 0 every batch is sampled by the newest weights already)",
             )
             _check(
-                self.rollout.loop is not RolloutLoop["async"],  # auto: turns with the hf engine (checked below)
+                self.rollout.loop is not RolloutLoop["async"],  # auto: turns with partial rollouts (agent.loop_of)
                 "rollout.loop",
                 f"{self.rollout.loop.value}: partial rollouts (rollout.partial) switch a batch's weights once its "
-                "trajectories got that far, which the turns loop's rounds keep apart; use rollout.loop=turns (or auto "
-                "with the hf engine)",
+                "trajectories got that far, which the turns loop's rounds keep apart; use rollout.loop=turns (or auto, "
+                "which takes turns with partial rollouts)",
             )
         if self.rollout.placement is RolloutPlacement.separate:
             _check(

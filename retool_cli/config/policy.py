@@ -138,7 +138,8 @@ class RolloutConfig:
         "how trajectories are scheduled: async = each trajectory on its own (a turn is submitted when the "
         "trajectory is ready, its code runs as soon as the turn ends, the engine batches whatever is in flight); "
         "turns = every running trajectory generates a turn, then their code runs, then the next turn; auto = "
-        "async with rollout.engine=vllm, turns with hf (README, Rollout loops: what each costs where). Either "
+        "async with rollout.engine=vllm, turns with hf, with rollout.partial or with an engine spanning processes "
+        "(README, Rollout loops: what each costs where). Either "
         "samples the same trajectories: a request's seed follows from (seed, step, question, sample, turn)",
     )
     overlap_sandbox: bool = doc(True, "rollout.loop=turns: run half the batch's code while the other half generates")

@@ -164,9 +164,11 @@ def loop_of(cfg: RolloutConfig) -> str:
     """`async` or `turns`: rollout.loop, with auto resolved (async with vLLM, turns with hf: README, Rollout loops).
     A vLLM engine spanning processes (rollout.vllm_tensor_parallel_size > 1) takes turns: each of its processes
     schedules the same requests itself, so they must arrive in the same batches everywhere, which the async
-    loop (requests as tool calls return) cannot promise."""
+    loop (requests as tool calls return) cannot promise. Partial rollouts (rollout.partial) take turns too: a
+    batch switches weights between rounds, once its trajectories got that far."""
     if cfg.loop is RolloutLoop.auto:
-        return "async" if cfg.engine is RolloutEngine.vllm and cfg.vllm_tensor_parallel_size == 1 else "turns"
+        takes_turns = cfg.engine is RolloutEngine.hf or cfg.vllm_tensor_parallel_size > 1 or cfg.partial
+        return "turns" if takes_turns else "async"
     return str(cfg.loop.value)
 
 

@@ -156,7 +156,7 @@ def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
     weights; hf, killed as update 3 starts, resumes to them exactly."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, "model.lora_rank=4"]
     extra += ["trainer.lr=1e-3"]  # the adapters move the policy enough to change what later versions sample
-    extra += [*VLLM, "rollout.loop=turns"] if engine == "vllm" else []
+    extra += VLLM if engine == "vllm" else []  # rollout.loop=auto takes turns, as partial rollouts need
     colocated = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
     assert max(r["rollout/partial_share"] for r in colocated) > 0 and all(r["train/grad_norm"] > 0 for r in colocated)
     [run] = [p.parent for p in (tmp_path / "colocated").rglob("final.txt")]
@@ -276,7 +276,6 @@ def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_
     the update, and colocated again, killed as update 3 starts and resumed: the same metrics, kept trajectories
     and weights."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, *VLLM, *EVAL]
-    extra += ["rollout.loop=turns"]  # partial rollouts switch weights between turns
     one = train(tmp_path / "colocated", *extra, env=ONE_THREAD)
     assert "eval/accuracy" in one[1]  # the trainer's evaluation ran on the shared engine, with its own weights
     assert [r["rollout/behaviour_version"] for r in one] == [0, 0, 1, 2]

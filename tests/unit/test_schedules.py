@@ -446,6 +446,11 @@ def test_sampling_loop_is_resolved_per_engine() -> None:
     assert loop_of(RolloutConfig(engine=RolloutEngine.hf)) == "turns"
     assert loop_of(RolloutConfig(engine=RolloutEngine.hf, loop=ASYNC)) == "async"
     assert loop_of(replace(RolloutConfig(engine=RolloutEngine.vllm), loop=TURNS)) == "turns"
+    # where the async loop cannot serve, auto takes turns with vLLM too: partial rollouts switch a batch's weights
+    # between rounds, and an engine spanning processes must meet the same batches in each
+    assert loop_of(RolloutConfig(engine=RolloutEngine.vllm, partial=True)) == "turns"
+    assert loop_of(RolloutConfig(engine=RolloutEngine.vllm, vllm_tensor_parallel_size=2)) == "turns"
+    assert loop_of(RolloutConfig(engine=RolloutEngine.vllm, partial=True, loop=ASYNC)) == "async"  # refused later
     assert Sampling().seed == 0
 
 
