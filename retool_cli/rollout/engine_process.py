@@ -242,28 +242,37 @@ def _exit_with_parent(parent: int) -> None:
 
 
 class EngineProcess:
-    """One engine process, seen from the trainer: its requests one at a time, restarts when it dies."""
+    """One engine process, seen from the trainer: its requests one at a time, restarts when it dies, until it
+    is closed."""
 
     def __init__(self, spec: EngineSpec, index: int, timeout_s: float, restarts: int, bucket_bytes: int) -> None:
         self.spec, self.index, self.timeout_s, self.bucket_bytes = spec, index, timeout_s, bucket_bytes
         self.restarts_left = restarts
         self.lock = threading.Lock()  # one request at a time: the process serves them in turn
         self.loaded: dict[int, dict[str, torch.Tensor]] = {}  # slot -> the weights it holds (sent again on restart)
+        # Closed for good (the run ends or fails): a request still in flight in a sampler's thread then fails
+        # rather than start a process again, which nothing would end and the interpreter's exit would wait for
+        # (a non-daemon child). `starting` orders a start against the close.
+        self.closed = False
+        self.starting = threading.Lock()
         self._start()
 
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # never fork a process with threads and a torch pool
-        self.conn, child = context.Pipe()
-        # the store listens first (port 0: any free port), the child joins it, then both build the group
-        timeout = datetime.timedelta(seconds=START_TIMEOUT_S)
-        self.store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
-        self.process = context.Process(
-            target=serve,
-            args=(self.spec, child, self.store.port, os.getpid(), self.timeout_s),
-            name=f"retool-engine-{self.index}",
-            daemon=False,  # vLLM may start processes of its own; close() ends this one (and it its parent's end)
-        )
-        self.process.start()
+        with self.starting:
+            if self.closed:
+                raise EngineProcessDied(f"engine process {self.index} was closed: the run is ending")
+            self.conn, child = context.Pipe()
+            # the store listens first (port 0: any free port), the child joins it, then both build the group
+            timeout = datetime.timedelta(seconds=START_TIMEOUT_S)
+            self.store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+            self.process = context.Process(
+                target=serve,
+                args=(self.spec, child, self.store.port, os.getpid(), self.timeout_s),
+                name=f"retool-engine-{self.index}",
+                daemon=False,  # vLLM may start processes of its own; close() ends this one (and it its parent's end)
+            )
+            self.process.start()
         child.close()
         log.info("engine process %d started (pid %d)", self.index, self.process.pid)
         self._answer("start", max(self.timeout_s, START_TIMEOUT_S))  # its models built (or why not)
@@ -288,6 +297,8 @@ class EngineProcess:
                         self._restart()
                     return self._exchange(kind, slot, args)
                 except _Died as died:
+                    if self.closed:  # killed by close(): the run is ending
+                        raise EngineProcessDied(f"{died}, closed as the run ends") from None
                     if self.restarts_left == 0:
                         raise EngineProcessDied(
                             f"{died}; no restart left (rollout.engine_restarts). Rerun the same command to resume "
@@ -307,7 +318,7 @@ class EngineProcess:
         return generations
 
     def _restart(self) -> None:
-        self.close()
+        self._end()
         self.spec.incarnation += 1
         self._start()
         for slot, state in self.loaded.items():
@@ -347,6 +358,12 @@ class EngineProcess:
         return reply
 
     def close(self) -> None:
+        """End the process for good (see `closed`)."""
+        with self.starting:
+            self.closed = True
+        self._end()
+
+    def _end(self) -> None:
         """Ask the process to exit; kill it if it does not within a few seconds."""
         with contextlib.suppress(OSError):
             self.conn.send(("exit", 0, None))
