@@ -218,8 +218,8 @@ def shard(model: Any, replicas: int = 1) -> None:
     shape, names = ((replicas, size // replicas), ("replicate", "shard")) if replicas > 1 else ((size,), ("shard",))
     mesh = init_device_mesh(device, shape, mesh_dim_names=names)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)  # (FSDP2's defaults, named: full_weights restores them)
     for module in _units(model):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)
@@ -234,17 +234,22 @@ def _units(model: Any) -> list[Any]:
 @contextlib.contextmanager
 def full_weights(model: Any) -> Iterator[None]:
     """Every parameter all-gathered for the duration (rollouts: the engine's decode loop calls the layers'
-    submodules directly, outside FSDP's hooks). A collective: every process enters together."""
+    submodules directly, outside FSDP's hooks). A collective: every process enters together. Inside, a forward
+    through FSDP's hooks (transformers' own, with model.accelerate off or for a model it does not cover) keeps
+    the weights gathered instead of resharding after it: each process decodes its own number of steps (rank 0
+    alone evaluates), so those forwards must not gather, a collective the other processes never join."""
     if not is_sharded(model):
         yield
         return
     units = _units(model)
     for unit in units:
         unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
         for unit in units:
+            unit.set_reshard_after_forward(unit is not model, recurse=False)  # as shard() set them
             unit.reshard()
 
 
