@@ -57,13 +57,17 @@ def test_a_request_in_flight_when_the_process_is_closed_fails_and_starts_nothing
 
     thread = threading.Thread(target=sample)
     thread.start()
-    time.sleep(0.5)  # the request is sent and waits for an answer
-    engine.close()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert [type(e) for e in failed] == [EngineProcessDied], failed
-    assert "closed as the run ends" in str(failed[0])
-    assert engine.process.pid == first and not multiprocessing.active_children()  # nothing started again
-    with pytest.raises(EngineProcessDied, match="closed as the run ends"):
-        engine.generate(0, [[1, 2, 3]], [8], [], Sampling(seed=0), [0])  # nor later
-    assert not multiprocessing.active_children()
+    try:
+        time.sleep(0.5)  # the request is sent and waits for an answer
+        engine.close()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert [type(e) for e in failed] == [EngineProcessDied], failed
+        assert "closed as the run ends" in str(failed[0])
+        assert engine.process.pid == first and not multiprocessing.active_children()  # nothing started again
+        with pytest.raises(EngineProcessDied, match="closed as the run ends"):
+            engine.generate(0, [[1, 2, 3]], [8], [], Sampling(seed=0), [0])  # nor later
+        assert not multiprocessing.active_children()
+    finally:  # a failing check leaves no stopped or restarted process for this test run's exit to wait on
+        for child in multiprocessing.active_children():
+            child.kill()
