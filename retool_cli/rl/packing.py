@@ -276,9 +276,25 @@ def _varlen_attention(
 
 
 def next_token_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V)."""
+    """The model's logits at row positions `keep` (N,) of the packed forward: (1, N, V). A position may repeat (a
+    shared prompt's last one predicts the first token of each of its responses): the model computes it once."""
     enable(model)
-    return _packed_logits(model, row, keep, device)
+    unique, copies = torch.unique(keep, return_inverse=True)  # (U,) sorted, (N,): keep = unique[copies]
+    logits = _packed_logits(model, row, unique, device)  # (1, U, V)
+    if torch.equal(unique, keep):
+        return logits
+    return repeat_positions(logits, copies.to(logits.device))
+
+
+def repeat_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[:, index] for an index that repeats positions, with a backward whose sums are the same bit for bit in every
+    run. The backward of x[:, index] on CPU adds the copies' gradients with atomic adds from several threads, in an
+    order that depends on their timing (torch.use_deterministic_algorithms' list: `__getitem__` differentiated on
+    CPU), so two runs of one config could train apart by rounding; index_select adds them in index order there.
+    On CUDA it is the other way round (index_select's backward is the nondeterministic one)."""
+    if x.device.type == "cpu":
+        return x.index_select(1, index)
+    return x[:, index]
 
 
 def _packed_logits(model: Any, row: PackedRow, keep: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from retool_cli.config import LossAgg, RetoolConfig
@@ -48,6 +49,56 @@ def test_packed_pass_equals_the_padded_pass(kind: str, shared: bool) -> None:
     assert len(padded[2]) == len(list(model.parameters()))
     assert_same_pass(padded, packed)
     assert model.config._attn_implementation == "retool_packed:sdpa"
+
+
+class RepeatedIndexSums(TorchDispatchMode):
+    """Notes every CPU op that adds values into an index that repeats (index_put_ / put_ with accumulate=True,
+    which the backward of x[index] is): on CPU those add with atomics from several threads, in whatever order the
+    threads run (torch.use_deterministic_algorithms' documentation), so the sums round differently from run to run
+    when other threads share the cores (a sampler beside the trainer: trainer.max_staleness)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if "index_put" in name or name.startswith("put"):
+            accumulate = kwargs.get("accumulate", args[3] if len(args) > 3 else False)
+            index = args[1] if "index_put" in name else [args[1]]
+            index = [
+                j for i in index if i is not None for j in (i.nonzero().unbind(1) if i.dtype == torch.bool else [i])
+            ]
+            if accumulate and args[0].device.type == "cpu" and index:
+                flat = torch.stack([i.flatten() for i in torch.broadcast_tensors(*index)], dim=1)  # (K, dims)
+                if len(flat.unique(dim=0)) < len(flat):
+                    self.found.append(f"{name} {tuple(args[0].shape)}")
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_packed_backward_sums_in_one_order_whatever_the_threads_timing(shared: bool) -> None:
+    """With shared prompts a prompt's last position predicts the first token of each of its responses, so that
+    position's logits are read several times. Taken by indexing, their gradients were summed by atomic adds (two
+    identical overlapped runs on 2 threads trained apart by rounding from their first update); the position now
+    runs once and its copies' gradients are summed in index order. The audit itself sees the old way."""
+    model = tiny_model("qwen2").train()
+    sequences, prompt_lens = _grouped_sequences(0)
+    with RepeatedIndexSums() as audit:
+        packed = _loss_and_grads(model, sequences, prompt_lens, shared=shared, pack=True)
+    assert audit.found == []
+    assert_same_pass(_loss_and_grads(model, sequences, prompt_lens, shared=False, pack=False), packed)
+
+    x = torch.randn(1, 5, 4, requires_grad=True)
+    index = torch.tensor([0, 3, 0, 0, 1])
+    with RepeatedIndexSums() as audit:
+        x[:, index].sum().backward()
+    assert audit.found  # what the packed pass did before
+    repeated = torch.randn(1, 5, 4, requires_grad=True)
+    packing.repeat_positions(repeated, index).square().sum().backward()
+    assert torch.equal(repeated.grad[0, 0], 6 * repeated[0, 0].detach())  # three copies: 2x each
+    assert torch.equal(repeated.grad[0, 2], torch.zeros(4))
 
 
 def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
@@ -110,8 +161,10 @@ def test_packed_sft_pass_equals_the_padded_pass(shared_start: bool) -> None:
     results = []
     for pack, shared in ((False, False), (True, False), (True, True)):
         model.zero_grad()
-        logp = counted_token_logprobs(model, sequences, starts, masks, 95, CPU, shared_prefix=shared, pack=pack)
-        (-logp.sum()).backward()
+        with RepeatedIndexSums() as audit:  # the shared start's last position predicts every trace's next token
+            logp = counted_token_logprobs(model, sequences, starts, masks, 95, CPU, shared_prefix=shared, pack=pack)
+            (-logp.sum()).backward()
+        assert audit.found == []
         results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (padded, padded_grads), *packed = results
     assert padded.shape == (sum(map(sum, masks)),)
@@ -202,32 +255,43 @@ def _trajectories() -> tuple[list[Trajectory], torch.Tensor]:
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"loss_agg": LossAgg.token_mean, "entropy_coef": 0.01},
-        {"loss_agg": LossAgg.seq_mean_token_mean, "epochs_per_batch": 2, "mini_batches": 2, "kl_coef": 0.1},
+        {"trainer.loss_agg": LossAgg.token_mean, "trainer.entropy_coef": 0.01},
+        {"trainer.loss_agg": LossAgg.token_mean, "model.accelerate": True},  # each prompt once (shared)
+        {
+            "trainer.loss_agg": LossAgg.seq_mean_token_mean,
+            "trainer.epochs_per_batch": 2,
+            "trainer.mini_batches": 2,
+            "trainer.kl_coef": 0.1,
+            "model.accelerate": True,
+        },
     ],
 )
 def test_packed_update_equals_the_padded_update(overrides: dict) -> None:
     """The whole RL update (old, reference and sampler log-probs, entropy bonus, KL, both aggregations, several
-    mini-batches and epochs): the same metrics and weights to fp32 rounding, padding share 0."""
+    mini-batches and epochs): the same metrics and weights to fp32 rounding, padding share 0; no sum in either
+    whose order depends on the threads' timing."""
     trajectories, rewards = _trajectories()
     results = []
     for pack in (False, True):
         model, ref = tiny_model("qwen2").train(), tiny_model("qwen2").eval()
         cfg = RetoolConfig()
         for key, value in overrides.items():
-            setattr(cfg.trainer, key, value)
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, value)
         cfg.trainer.micro_batch_tokens, cfg.trainer.pack_sequences = 90, pack
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         plan = StepPlan.of(cfg, resolve_precision(cfg, training=True))
-        metrics = update(
-            plan,
-            model,
-            rollout_batch(trajectories, rewards),
-            optimizer,
-            build_scheduler(optimizer, 0, 1, "constant"),
-            95,
-            ref,
-        )
+        with RepeatedIndexSums() as audit:  # every sum in an order of its own, none in the threads' timing
+            metrics = update(
+                plan,
+                model,
+                rollout_batch(trajectories, rewards),
+                optimizer,
+                build_scheduler(optimizer, 0, 1, "constant"),
+                95,
+                ref,
+            )
+        assert audit.found == []
         results.append((metrics, model.state_dict()))
     (padded, padded_weights), (packed, packed_weights) = results
     assert padded["train/padding_share"] > 0.05 and packed["train/padding_share"] == 0.0
