@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -70,11 +71,14 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from retool_cli.errors import RetoolError
     from retool_cli.files import write_json
     from retool_cli.provenance import provenance
+    from retool_cli.run_keys import restore_records, run_records
 
     def task(cfg: DictConfig) -> None:
         route_library_logs()
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        if Path(os.path.abspath(run_dir)) != typed_dir:  # a sweep's job or a dated folder: new, nothing to keep
+            records.clear()
         overrides = list(hydra_cfg.overrides.task)  # this job's own (a sweep's jobs differ)
         try:
             config = to_config(cfg)
@@ -90,13 +94,17 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
                 write_json(run_dir / "provenance.json", record)
                 main(config, run_dir)
         except (RetoolError, OmegaConfBaseException) as exc:
-            # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left.
+            # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left, and
+            # a folder of an earlier run described as before.
             log.error("%s", str(exc).strip())
+            restore_records(run_dir, records)
             discard_if_empty(run_dir)
             raise SystemExit(1) from None
         except stops.Stopped as stop:
+            restore_records(run_dir, records)
             stopped(stop, command, overrides, run_dir, cfg)
         except Exception as exc:
+            restore_records(run_dir, records)
             discard_if_empty(run_dir)  # whatever the failure, no folder of bookkeeping alone is left
             message = preflight.disk_problem(exc, run_dir)
             if message is None:
@@ -119,6 +127,10 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
         raise SystemExit(1) from None
     if not {"-m", "--multirun"} & set(argv) and not joins_a_run(command, argv):
         run_lock.refuse_if_busy(argv)
+    # what describes the run a typed folder already holds, before Hydra writes this job's config over it
+    typed = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    typed_dir = Path(os.path.abspath(typed[-1])) if typed else None
+    records = run_records(typed_dir) if typed_dir is not None and os.environ.get("RANK", "0") == "0" else {}
     sys.argv = [f"retool {command}", *argv]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
 
@@ -194,7 +206,7 @@ def command_help(command: str, overrides: list[str]) -> str:
 
 
 # What a run folder holds before its command has produced anything.
-_BOOKKEEPING = {".hydra", "run_key.txt", "resumed_into.txt", "provenance.json", ".retool.lock"}
+_BOOKKEEPING = {".hydra", "run_key.txt", "run_key.json", "resumed_into.txt", "provenance.json", ".retool.lock"}
 
 
 def discard_if_empty(run_dir: Path) -> bool:

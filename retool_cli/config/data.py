@@ -104,7 +104,11 @@ class EvalConfig:
     """How `retool eval` runs (what it measures is `benchmark`)."""
 
     questions_per_batch: int = doc(8, "problems per rollout batch (x benchmark.n_samples trajectories)")
-    resume: bool = doc(True, "continue an unfinished run of the identical config instead of starting over")
+    resume: bool = doc(
+        True,
+        "continue an unfinished run of the identical config (what only lays out, bounds or logs the run aside: "
+        "run_keys.NOT_THE_EXPERIMENT) instead of starting over",
+    )
     bootstrap: int = doc(2000, "resamples for the 95% interval")
 
     def __post_init__(self) -> None:

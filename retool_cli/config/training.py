@@ -129,7 +129,9 @@ class TrainerConfig:
         "where the step has both; seeded); 0 keeps none. Bounded: steps x this many rows.",
     )
     resume: bool = doc(
-        True, "continue the latest checkpoint of an unfinished run of this config; false: start over in the folder"
+        True,
+        "continue the latest checkpoint of an unfinished run of this config (what only lays out, bounds or logs "
+        "the run may differ: run_keys.NOT_THE_EXPERIMENT); false: start over in the folder",
     )
     eval_every: int = doc(0, "evaluate on the dev split every N steps with the benchmark's sampling (0 = off)")
     eval_problems: int = doc(64, "dev problems of a periodic evaluation")
@@ -262,7 +264,9 @@ class SFTConfig:
     log_every: int = doc(25, "steps between lines of metrics.jsonl and the log")
     save_every: int = doc(100, "checkpoint every N steps (and at the end; the latest kept): a killed run loses < N")
     resume: bool = doc(
-        True, "continue the latest checkpoint of an unfinished run of this config; false: start over in the folder"
+        True,
+        "continue the latest checkpoint of an unfinished run of this config (what only lays out, bounds or logs "
+        "the run may differ: run_keys.NOT_THE_EXPERIMENT); false: start over in the folder",
     )
 
     def __post_init__(self) -> None:

@@ -76,15 +76,21 @@ def test_killed_eval_resumes_to_the_same_results(tmp_path: Path) -> None:
 
 def test_a_folder_is_continued_only_by_its_own_run_and_started_over_with_resume_off(tmp_path: Path) -> None:
     """The same folder (hydra.run.dir) with another config: resuming would mix two runs' samples, so it is an
-    error naming the folder; `eval.resume=false` starts over there (the previous samples removed, not
-    continued); a checkpoint retrained at the same path is other weights (the key sees its files)."""
+    error naming the folder and the keys that differ, which leaves the folder's records of its run (Hydra's
+    config, provenance.json) as they were; `eval.resume=false` starts over there (the previous samples removed,
+    not continued); a checkpoint retrained at the same path is other weights (the key sees its files)."""
     six = [*SMALL, "hydra.run.dir=run"]
     run_retool("eval", *six, cwd=tmp_path, check=True)
     first = read_jsonl(tmp_path / "run" / "samples.jsonl")
     (tmp_path / "run" / "results.json").unlink()  # an unfinished run of the first config, as after a crash
-    other = run_retool("eval", *six, "benchmark.n_samples=2", cwd=tmp_path)
-    assert other.returncode != 0 and "holds an unfinished run of another config" in other.stdout + other.stderr
+    records = [tmp_path / "run" / name for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "provenance.json")]
+    before = [path.read_bytes() for path in records]
+    other = run_retool("eval", *six, "benchmark.n_samples=2", "benchmark.temperature=0.7", cwd=tmp_path)
+    said = " ".join((other.stdout + other.stderr).split())  # the error, as the terminal wrapped it
+    assert other.returncode != 0 and "holds an unfinished run of another config" in said
+    assert "(benchmark.n_samples: 4 there, 2 here; benchmark.temperature: 1.0 there, 0.7 here)" in said, said
     assert read_jsonl(tmp_path / "run" / "samples.jsonl") == first  # untouched
+    assert [path.read_bytes() for path in records] == before  # still the run the folder holds
     run_retool("eval", *six, "benchmark.n_samples=2", "eval.resume=false", cwd=tmp_path, check=True)
     again = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert len(again) == 12 and all(r["sample_index"] < 2 for r in again)  # 6 x 2, nothing of the first run

@@ -136,13 +136,17 @@ SEPARATE = ["rollout.placement=separate", "rollout.weight_bucket_mb=0.05"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the trainer's and every engine's: the same arithmetic in each placement
 
 
-def assert_resumes_after_kill(folder: Path, extra: list[str], when: str, whole: Path) -> None:
-    """A run (one thread) killed by SIGKILL at `when` (faults.py) in `folder`, then the same command: the finished
-    run under `whole`."""
+def assert_resumes_after_kill(
+    folder: Path, extra: list[str], when: str, whole: Path, resume_with: tuple[str, ...] = ()
+) -> None:
+    """A run (one thread) killed by SIGKILL at `when` (faults.py) in `folder`, then the same command (with
+    `resume_with`: values that are not the experiment, run_keys.NOT_THE_EXPERIMENT): the finished run under
+    `whole`."""
     folder.mkdir()
     proc = run_retool(*ARGS, *extra, cwd=folder, env={**ONE_THREAD, "RETOOL_DIE_AFTER": when})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    run_retool(*ARGS, *extra, cwd=folder, check=True, env=ONE_THREAD)
+    run_retool(*ARGS, *extra, *resume_with, cwd=folder, check=True, env=ONE_THREAD)
+    assert len(list(folder.rglob("metrics.jsonl"))) == 1  # the killed run continued, not a new one started
     assert_same_run(folder, whole)
 
 
@@ -153,7 +157,9 @@ def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
     """k = 1 with partial rollouts on a LoRA policy: the sampler's engines are plain models with the adapters merged
     in (hf colocated: a merged copy; vLLM colocated: the merged weights loaded per slot; separate: the merged
     weights broadcast). Colocated, and separate with random delays, give the same metrics, trajectories and
-    weights; hf, killed as update 3 starts, resumes to them exactly."""
+    weights; hf, killed as update 3 starts, resumes to them exactly, in engine processes with a longer engine
+    timeout and another checkpoint interval (the placement and the bounds are not the experiment: a run resumes
+    under other values of them, as an EngineTimeout's message advises)."""
     extra = [f"trainer.init_from={sft_checkpoint}", "trainer.max_staleness=1", *PARTIAL, "model.lora_rank=4"]
     extra += ["trainer.lr=1e-3"]  # the adapters move the policy enough to change what later versions sample
     extra += VLLM if engine == "vllm" else []  # rollout.loop=auto takes turns, as partial rollouts need
@@ -164,11 +170,10 @@ def test_a_lora_policy_overlaps_in_either_placement_and_resumes_exactly(
     assert not same_weights(weights(tmp_path / "colocated", 1), weights(tmp_path / "colocated"))
     train(tmp_path / "separate", *extra, *SEPARATE, env={**ONE_THREAD, **JITTER})
     assert_same_run(tmp_path / "separate", tmp_path / "colocated")
-    if (
-        engine == "vllm"
-    ):  # (its resume: test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_count)
+    if engine == "vllm":  # (its resume: test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_...)
         return
-    assert_resumes_after_kill(tmp_path / "broken", extra, "update:3", tmp_path / "colocated")
+    other_bounds = (*SEPARATE, "rollout.engine_timeout_s=900", "trainer.save_every=2")
+    assert_resumes_after_kill(tmp_path / "broken", extra, "update:3", tmp_path / "colocated", other_bounds)
 
 
 @pytest.mark.parametrize(
