@@ -4,9 +4,10 @@ and loads them).
 
 A checkpoint is `RUN/checkpoints/step_N/`: the model in HF format with its tokenizer files and chat template,
 trainer_state.pt, and `retool_checkpoint.json`, written last, which records what it was trained with (the
-model it descends from, the tool protocol, the tokenizer class) and the size of every file beside it. A
-folder whose files do not match that record (a copy cut short, a file deleted) is not complete: resume passes
-over it to the previous complete one, and `ckpt=` / `trainer.init_from` refuse it, naming the file.
+model it descends from, the tool protocol, the tokenizer class, the whole config) and the size of every file
+beside it. A folder whose files do not match that record (a copy cut short, a file deleted) is not complete:
+resume passes over it to the previous complete one, and `ckpt=` / `trainer.init_from` refuse it, naming the
+file.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def record_of(config: RetoolConfig) -> dict[str, Any]:
         "base_model": base_model(config.model.name_or_path),
         "tokenizer_class": config.model.tokenizer_class,
         "protocol": protocol,
+        # the whole config: a checkpoint copied out of its run folder still knows its setting and seed
+        # (run_keys.training_record)
+        "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
     }
 
 

@@ -201,23 +201,36 @@ def _digest(container: dict, length: int = 12) -> str:
 
 
 def training_record(checkpoint: Path | None) -> dict | None:
-    """The training run a checkpoint comes from: its folder, seed and setting (its Hydra config without the
-    seed and what is not the experiment: the runs of a seed sweep share it). None for a model that is no training
+    """The training run a checkpoint comes from: its folder, seed and setting (its config without the seed and
+    what is not the experiment: the runs of a seed sweep share it), from the config the checkpoint records (one
+    copied out of its run folder keeps them), else its run's Hydra config. None for a model that is no training
     checkpoint of ours."""
-    if checkpoint is None or checkpoint.parent.name != "checkpoints":
+    from retool_cli.checkpoint_paths import read_record
+
+    if checkpoint is None:
         return None
-    run = checkpoint.parent.parent
-    saved = run / ".hydra" / "config.yaml"
-    if not saved.is_file():
-        return {"run": str(run), "seed": None, "setting": None}
-    config = OmegaConf.load(saved)
-    try:
-        container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
-    except Exception:  # an interpolation that only resolves inside Hydra: compare the unresolved text
-        container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=False))
+    in_run = checkpoint.parent.name == "checkpoints"
+    recorded = (read_record(checkpoint) or {}).get("config") if checkpoint.is_dir() else None
+    if isinstance(recorded, dict):
+        container = dict(recorded)
+    elif not in_run:
+        return None
+    elif (checkpoint.parent.parent / ".hydra" / "config.yaml").is_file():
+        container = _hydra_config(checkpoint.parent.parent / ".hydra" / "config.yaml")
+    else:
+        return {"run": str(checkpoint.parent.parent), "seed": None, "setting": None}
+    run = checkpoint.parent.parent if in_run else checkpoint
     seed = container.pop("seed", None)
     _drop_layout(container)  # a run resumed on another layout rewrote its Hydra config: the same setting
     return {"run": str(run), "seed": seed, "setting": _digest(container)}
+
+
+def _hydra_config(saved: Path) -> dict[str, Any]:
+    config = OmegaConf.load(saved)
+    try:
+        return cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
+    except Exception:  # an interpolation that only resolves inside Hydra: compare the unresolved text
+        return cast(dict[str, Any], OmegaConf.to_container(config, resolve=False))
 
 
 def setting_key(cfg: RetoolConfig, training: dict | None) -> str:

@@ -150,3 +150,30 @@ def test_a_run_resumed_on_another_layout_keeps_its_setting(tmp_path: Path) -> No
     assert setting("trainer.nproc", 2) == base
     assert setting("seed", 3) == base  # a seed sweep's runs share it too
     assert setting("trainer.max_staleness", 1) != base
+
+
+def test_a_checkpoint_copied_out_of_its_run_keeps_its_setting_and_seed(tmp_path: Path) -> None:
+    """The checkpoint's own record holds the config it was trained with: out of its run folder (no .hydra beside
+    it) the setting and seed are the same as in it, and those of another seed's run share the setting."""
+    import shutil
+
+    from retool_cli.checkpoint_paths import record_of, write_record
+
+    def checkpoint(run: str, seed: int) -> Path:
+        folder = tmp_path / run / "checkpoints" / "step_5"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        cfg = with_value("seed", seed)
+        cfg.command = "train"
+        write_record(folder, {"step": 5, **record_of(cfg)})
+        return folder
+
+    in_run = training_record(checkpoint("a", 1))
+    copied = tmp_path / "elsewhere" / "my_checkpoint"
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step_5", copied)
+    out_of_it = training_record(copied)
+    assert in_run is not None and out_of_it is not None and in_run["setting"] is not None
+    assert (out_of_it["setting"], out_of_it["seed"]) == (in_run["setting"], in_run["seed"]) == (in_run["setting"], 1)
+    other_seed = training_record(checkpoint("b", 2))
+    assert other_seed is not None and (other_seed["setting"], other_seed["seed"]) == (in_run["setting"], 2)
+    assert training_record(tmp_path / "elsewhere") is None  # no checkpoint of ours
