@@ -68,7 +68,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
 
     from retool_cli import preflight, run_lock
     from retool_cli.compose import CONF_DIR, register_configs, to_config
-    from retool_cli.errors import RetoolError
+    from retool_cli.errors import Resumable, RetoolError
     from retool_cli.files import write_json
     from retool_cli.provenance import provenance
     from retool_cli.run_keys import restore_records, run_records
@@ -98,7 +98,8 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             # a folder of an earlier run described as before.
             log.error("%s", str(exc).strip())
             restore_records(run_dir, records)
-            discard_if_empty(run_dir)
+            if not discard_if_empty(run_dir) and isinstance(exc, Resumable) and stops.REPORT_ENV not in os.environ:
+                log.error("to resume, run: %s", resume_command(command, overrides, run_dir, cfg))
             raise SystemExit(1) from None
         except stops.Stopped as stop:
             restore_records(run_dir, records)

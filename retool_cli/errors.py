@@ -17,5 +17,10 @@ class EngineRequestError(RetoolError):
     """The rollout engine refused or dropped one request (not the whole engine): that trajectory is void."""
 
 
-class EngineTimeout(RetoolError):
+class Resumable(RetoolError):
+    """A failure the run continues from, at its last checkpoint: the CLI follows the message with the command that
+    resumes it (the same one, with resume on and the run's folder)."""
+
+
+class EngineTimeout(Resumable):
     """An engine call or weight sync did not return within rollout.engine_timeout_s."""

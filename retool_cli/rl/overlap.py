@@ -360,8 +360,9 @@ class Pipeline:
             if self.engine_timeout_s > 0 and since is not None and now - since > self.engine_timeout_s:
                 raise EngineTimeout(
                     f"a sampler's engine call did not return within rollout.engine_timeout_s="
-                    f"{self.engine_timeout_s:g} s: the engine is stuck or far slower than expected. Stopping; rerun "
-                    "the same command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
+                    f"{self.engine_timeout_s:g} s: the engine is stuck or far slower than expected. Stopping; the "
+                    "run resumes from its last checkpoint (with a larger rollout.engine_timeout_s if the engine is "
+                    "only slow)"
                 )
 
     def metrics(self, step: int, batch: Batch) -> dict[str, float]:

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from retool_cli.config import RetoolConfig, RolloutEngine
-from retool_cli.errors import ConfigError, EngineTimeout, RetoolError
+from retool_cli.errors import ConfigError, EngineTimeout, Resumable, RetoolError
 from retool_cli.faults import die_if_due, jitter
 from retool_cli.interfaces import Engine, Generation
 from retool_cli.model.loading import sampler_model
@@ -66,7 +66,7 @@ Layout = list[tuple[torch.dtype, list[tuple[str, tuple[int, ...]]]]]
 _TRANSFERS = itertools.count(1)  # the run's weight transfers, numbered (fault injection)
 
 
-class EngineProcessDied(RetoolError):
+class EngineProcessDied(Resumable):
     """An engine process exited, and no restart is left."""
 
 
@@ -301,8 +301,8 @@ class EngineProcess:
                         raise EngineProcessDied(f"{died}, closed as the run ends") from None
                     if self.restarts_left == 0:
                         raise EngineProcessDied(
-                            f"{died}; no restart left (rollout.engine_restarts). Rerun the same command to resume "
-                            "from the last checkpoint"
+                            f"{died}; no restart left (rollout.engine_restarts). Stopping; the run resumes from its "
+                            "last checkpoint"
                         ) from None
                     self.restarts_left -= 1
                     log.warning("%s; restarting it and sending its weights again", died)
@@ -346,8 +346,8 @@ class EngineProcess:
             if deadline is not None and time.monotonic() > deadline:
                 raise EngineTimeout(
                     f"engine process {self.index} did not answer a {kind} request within rollout.engine_timeout_s="
-                    f"{timeout_s:g} s: it is stuck or far slower than expected. Stopping; rerun the same "
-                    "command to resume from the last checkpoint (or raise rollout.engine_timeout_s)"
+                    f"{timeout_s:g} s: it is stuck or far slower than expected. Stopping; the run resumes from its "
+                    "last checkpoint (with a larger rollout.engine_timeout_s if the engine is only slow)"
                 )
         try:
             status, reply = self.conn.recv()

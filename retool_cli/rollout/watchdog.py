@@ -107,7 +107,7 @@ def time_limit(seconds: float, what: str, key: str, grace_s: float = 30.0) -> It
         return
     message = (
         f"{what} did not return within {key}={seconds:g} s: the engine is stuck or far slower than expected. "
-        f"Stopping; rerun the same command to resume from the last checkpoint (or raise {key})"
+        f"Stopping; the run resumes from its last checkpoint (with a larger {key} if the engine is only slow)"
     )
     if signal.getsignal(INTERRUPT) is not _raise_expired:
         signal.signal(INTERRUPT, _raise_expired)

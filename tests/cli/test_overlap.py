@@ -6,6 +6,7 @@ kept trajectories and weights (its checkpoints keep the batches sampled ahead)."
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -252,15 +253,25 @@ def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint:
 
 
 def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_path: Path) -> None:
-    """No restart left: the run stops (no hang) with an error naming the process and the setting, and no
-    engine process outlives it; nor one outlives a trainer killed in the middle of a weight transfer."""
+    """No restart left: the run stops (no hang) with an error naming the process and the setting, and the
+    command that resumes it (resume turned on, which this run had off, so the same command would start over), which
+    finishes the run in its folder; no engine process outlives it; nor one outlives a trainer killed in the middle
+    of a weight transfer."""
     args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_restarts=0"]
-    result = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "engine:2"}, timeout=120)
+    env = {"RETOOL_DIE_AFTER": "engine:5"}  # its last batch's last call: after two or three steps
+    result = run_retool(*args, "trainer.resume=false", cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     said = result.stdout + result.stderr
     assert "engine process 0" in said and "rollout.engine_restarts" in said
     assert "Traceback" not in said
     assert not alive(engine_pids(said))
+    [line] = re.findall(r"to resume, run: retool (.*?hydra\.run\.dir=\S+)", " ".join(said.split()))
+    resume = shlex.split(line)
+    assert "trainer.resume=true" in resume and "trainer.resume=false" not in resume
+    folder = Path(resume[-1].removeprefix("hydra.run.dir="))
+    before = len(rows_of(folder))
+    run_retool(*resume, cwd=tmp_path, check=True, timeout=300)
+    assert 1 <= before < STEPS and [r["step"] for r in rows_of(folder)] == list(range(1, STEPS + 1))
 
     killed = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "transfer:2"}, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
