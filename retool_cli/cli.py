@@ -98,19 +98,22 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             # a folder of an earlier run described as before.
             log.error("%s", str(exc).strip())
             restore_records(run_dir, records)
-            if not discard_if_empty(run_dir) and isinstance(exc, Resumable) and stops.REPORT_ENV not in os.environ:
-                log.error("to resume, run: %s", resume_command(command, overrides, run_dir, cfg))
+            kept = not discard_if_empty(run_dir)
+            if kept and isinstance(exc, Resumable):
+                say_how_to_resume(command, overrides, run_dir, cfg)
             raise SystemExit(1) from None
         except stops.Stopped as stop:
             restore_records(run_dir, records)
             stopped(stop, command, overrides, run_dir, cfg)
         except Exception as exc:
             restore_records(run_dir, records)
-            discard_if_empty(run_dir)  # whatever the failure, no folder of bookkeeping alone is left
+            kept = not discard_if_empty(run_dir)  # whatever the failure, no folder of bookkeeping alone is left
             message = preflight.disk_problem(exc, run_dir)
             if message is None:
                 raise  # a bug: Hydra prints where
             log.error("%s", message)
+            if kept:  # what it wrote before the disk filled up is kept: resumed, not started over
+                say_how_to_resume(command, overrides, run_dir, cfg)
             raise SystemExit(1) from None
 
     register_configs()
@@ -126,12 +129,15 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     except RetoolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    if not {"-m", "--multirun"} & set(argv) and not joins_a_run(command, argv):
+    joins = joins_a_run(command, argv)
+    if not {"-m", "--multirun"} & set(argv) and not joins:
         run_lock.refuse_if_busy(argv)
-    # what describes the run a typed folder already holds, before Hydra writes this job's config over it
+    # what describes the run a typed folder already holds, before Hydra writes this job's config over it (by the
+    # process that writes there: not a rank, nor a later node, which share the first's folder)
     typed = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
     typed_dir = Path(os.path.abspath(typed[-1])) if typed else None
-    records = run_records(typed_dir) if typed_dir is not None and os.environ.get("RANK", "0") == "0" else {}
+    ours = os.environ.get("RANK", "0") == "0" and not joins
+    records = run_records(typed_dir) if typed_dir is not None and ours else {}
     sys.argv = [f"retool {command}", *argv]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
 
@@ -164,6 +170,13 @@ def resume_command(command: str, overrides: list[str], run_dir: Path, cfg: Any) 
     resumed = run_dir / "resumed_into.txt"
     folder = Path(resumed.read_text().strip()) if resumed.is_file() else run_dir
     return shlex.join(["retool", command, *kept, f"hydra.run.dir={folder}"])
+
+
+def say_how_to_resume(command: str, overrides: list[str], run_dir: Path, cfg: Any) -> None:
+    """After a failure the run can continue from (errors.Resumable, a full disk): the command that resumes it. A
+    process of a run that `retool train` launched leaves it to the launcher."""
+    if stops.REPORT_ENV not in os.environ:
+        log.error("to resume, run: %s", resume_command(command, overrides, run_dir, cfg))
 
 
 def stopped(stop: stops.Stopped, command: str, overrides: list[str], run_dir: Path, cfg: Any) -> None:

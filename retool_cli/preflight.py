@@ -82,8 +82,8 @@ def disk_problem(exc: BaseException, run_dir: Path) -> str | None:
     failure while the run folder's disk is nearly full is reported as the full disk it most likely is."""
     if isinstance(exc, OSError) and exc.errno in _FULL:
         return (
-            f"No space left on device writing {exc.filename or run_dir}: free space there (df -h {run_dir}) and "
-            "run the same command again; a run with checkpoints resumes"
+            f"No space left on device writing {exc.filename or run_dir}: free space there (df -h {run_dir}), then "
+            "run the command again"
         )
     if isinstance(exc, OSError) and exc.errno in _REFUSED and exc.filename:
         return f"{exc.filename}: {_REFUSED[exc.errno]} to write there ({exc.strerror}); pick a writable hydra.run.dir"
@@ -94,6 +94,6 @@ def disk_problem(exc: BaseException, run_dir: Path) -> str | None:
     if free < _NEARLY_FULL:
         return (
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} -- the disk holding {folder} is "
-            f"full ({free >> 10} KiB free; No space left on device): free space and run the same command again"
+            f"full ({free >> 10} KiB free; No space left on device): free space, then run the command again"
         )
     return None

@@ -1,5 +1,7 @@
-"""Resuming by running the same command again: a run folder is tagged with a key of its config, and a new
-run of an identical config continues the latest unfinished folder with that key (eval, train, filter)."""
+"""Resuming by running the same command again: a run folder is tagged with a key of its config (run_key.txt;
+the values it digests in run_key.json), and a new run of an identical config continues the latest unfinished
+folder with that key (eval, train, filter). What only lays out, bounds or logs a run is not in the key, and a
+command refused at a folder (another config, bad input) puts back the folder's records of the run it holds."""
 
 from __future__ import annotations
 

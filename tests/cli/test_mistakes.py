@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,24 @@ def test_a_read_only_or_full_disk_says_so(tmp_path: Path) -> None:
     out = " ".join((proc.stdout + proc.stderr).split())
     assert "No space left on device" in out and "exit=1" in out and "Traceback" not in out, out
     assert out.rstrip().endswith("exit=1"), out  # and nothing left in the folder
+
+
+@pytest.mark.skipif(not BWRAP_OK, reason=f"needs bubblewrap to mount a full folder: {BWRAP_WHY}")
+def test_a_run_the_disk_fills_under_says_the_command_that_resumes_it(tmp_path: Path) -> None:
+    """A training run with resume off whose disk fills up at its first checkpoint (its first step's metrics
+    written): the full disk named, and the command that resumes the run, resume turned on (the same command
+    would start over, removing what the run wrote)."""
+    retool = f"{sys.executable} -m retool_cli train {' '.join(SMOKE)} model.name_or_path=tiny"
+    retool += " trainer.total_steps=2 trainer.save_every=1 trainer.questions_per_step=2 rollout.group_size=2"
+    retool += " rollout.max_response_tokens=16 trainer.resume=false"
+    (tmp_path / "small").mkdir()  # 256 KiB: the run's logs and metrics fit, a checkpoint (~2 MB) does not
+    shell = f"{retool} hydra.run.dir=small/run; echo exit=$?; ls -A small/run"
+    proc = in_jail(["--size", str(256 << 10), "--tmpfs", str(tmp_path / "small")], shell, tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "No space left on device" in out and "exit=1" in out and "Traceback" not in out, out
+    assert "metrics.jsonl" in out.split("exit=1")[1], out  # kept: what the run wrote before
+    [line] = re.findall(r"to resume, run: retool (train .*?hydra\.run\.dir=\S+)", out)
+    assert "trainer.resume=true" in line.split() and "trainer.resume=false" not in line.split(), line
 
 
 def test_eval_counts_references_no_answer_can_match(tmp_path: Path) -> None:
