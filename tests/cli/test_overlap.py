@@ -254,9 +254,9 @@ def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint:
 
 def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_path: Path) -> None:
     """No restart left: the run stops (no hang) with an error naming the process and the setting, and the
-    command that resumes it (resume turned on, which this run had off, so the same command would start over), which
-    finishes the run in its folder; no engine process outlives it; nor one outlives a trainer killed in the middle
-    of a weight transfer."""
+    command that resumes it in its folder (resume turned on, which this run had off, so the same command would
+    start over; such a line resuming: tests/cli/test_stops.py); no engine process outlives it; nor one outlives a
+    trainer killed in the middle of a weight transfer."""
     args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_restarts=0"]
     env = {"RETOOL_DIE_AFTER": "engine:5"}  # its last batch's last call: after two or three steps
     result = run_retool(*args, "trainer.resume=false", cwd=tmp_path, env=env, timeout=120)
@@ -269,11 +269,10 @@ def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_pa
     resume = shlex.split(line)
     assert "trainer.resume=true" in resume and "trainer.resume=false" not in resume
     folder = Path(resume[-1].removeprefix("hydra.run.dir="))
-    before = len(rows_of(folder))
-    run_retool(*resume, cwd=tmp_path, check=True, timeout=300)
-    assert 1 <= before < STEPS and [r["step"] for r in rows_of(folder)] == list(range(1, STEPS + 1))
+    assert 1 <= len(rows_of(folder)) < STEPS and (folder / "checkpoints").is_dir()
 
-    killed = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "transfer:2"}, timeout=120)
+    (tmp_path / "killed").mkdir()  # (here, the same command would resume the run above)
+    killed = run_retool(*args, cwd=tmp_path / "killed", env={"RETOOL_DIE_AFTER": "transfer:2"}, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     pids = engine_pids(killed.stdout + killed.stderr)
     assert pids
