@@ -71,7 +71,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     from retool_cli.errors import Resumable, RetoolError
     from retool_cli.files import write_json
     from retool_cli.provenance import provenance
-    from retool_cli.run_keys import restore_records, run_records
+    from retool_cli.run_keys import restore_records
 
     def task(cfg: DictConfig) -> None:
         route_library_logs()
@@ -97,17 +97,14 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
             # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left, and
             # a folder of an earlier run described as before.
             log.error("%s", str(exc).strip())
-            restore_records(run_dir, records)
-            kept = not discard_if_empty(run_dir)
-            if kept and isinstance(exc, Resumable):
+            if kept_after_failure(run_dir, records) and isinstance(exc, Resumable):
                 say_how_to_resume(command, overrides, run_dir, cfg)
             raise SystemExit(1) from None
         except stops.Stopped as stop:
             restore_records(run_dir, records)
             stopped(stop, command, overrides, run_dir, cfg)
         except Exception as exc:
-            restore_records(run_dir, records)
-            kept = not discard_if_empty(run_dir)  # whatever the failure, no folder of bookkeeping alone is left
+            kept = kept_after_failure(run_dir, records)  # whatever the failure
             message = preflight.disk_problem(exc, run_dir)
             if message is None:
                 raise  # a bug: Hydra prints where
@@ -132,14 +129,30 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
     joins = joins_a_run(command, argv)
     if not {"-m", "--multirun"} & set(argv) and not joins:
         run_lock.refuse_if_busy(argv)
-    # what describes the run a typed folder already holds, before Hydra writes this job's config over it (by the
-    # process that writes there: not a rank, nor a later node, which share the first's folder)
-    typed = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
-    typed_dir = Path(os.path.abspath(typed[-1])) if typed else None
-    ours = os.environ.get("RANK", "0") == "0" and not joins
-    records = run_records(typed_dir) if typed_dir is not None and ours else {}
+    typed_dir, records = typed_folder_records(argv, joins)
     sys.argv = [f"retool {command}", *argv]
     hydra.main(config_path=str(CONF_DIR), config_name=command, version_base="1.3")(task)()
+
+
+def typed_folder_records(argv: list[str], joins: bool) -> tuple[Path | None, dict[str, bytes]]:
+    """The folder typed as hydra.run.dir, and what describes the run it already holds, read before Hydra writes
+    this job's config over it (none by a rank or a later node: they share the first process's folder)."""
+    from retool_cli.run_keys import run_records
+
+    typed = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    if not typed:
+        return None, {}
+    folder = Path(os.path.abspath(typed[-1]))
+    return folder, run_records(folder) if os.environ.get("RANK", "0") == "0" and not joins else {}
+
+
+def kept_after_failure(run_dir: Path, records: dict[str, bytes]) -> bool:
+    """After a failure: the records of the run the folder held before put back (run_keys.restore_records), a
+    folder of bookkeeping alone removed; whether the folder is kept (it holds output)."""
+    from retool_cli.run_keys import restore_records
+
+    restore_records(run_dir, records)
+    return not discard_if_empty(run_dir)
 
 
 def joins_a_run(command: str, overrides: list[str]) -> bool:
