@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from retool_cli.config import ProtocolConfig, RetoolConfig
+from retool_cli.config import ProtocolConfig, RetoolConfig, plain_values
 from retool_cli.errors import ConfigError
 
 RECORD = "retool_checkpoint.json"
@@ -49,7 +49,7 @@ def record_of(config: RetoolConfig) -> dict[str, Any]:
         "protocol": protocol,
         # the whole config: a checkpoint copied out of its run folder still knows its setting and seed
         # (run_keys.training_record)
-        "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
+        "config": plain_values(config),
     }
 
 

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from retool_cli.config import RetoolConfig
+from retool_cli.config import RetoolConfig, plain_values
 from retool_cli.errors import ConfigError
 from retool_cli.files import atomic_open
 
@@ -57,15 +57,10 @@ _keyed: dict[str, dict[str, Any]] = {}  # key -> the values it digests (config_k
 _claimed: set[Path] = set()  # run folders this process has tagged with its key (write_key)
 
 
-def _plain(cfg: RetoolConfig) -> dict[str, Any]:
-    """The config as plain, resolved values (enums as their names)."""
-    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True))
-
-
 def config_key(cfg: RetoolConfig) -> str:
     """Identifies a run: runs of identical configs may continue each other's unfinished work. The weights it
     starts from count too: a checkpoint retrained at the same path is another run's."""
-    keep = _plain(cfg)
+    keep = plain_values(cfg)
     keep.pop("eval", None)  # how it runs (batching aside) does not change what it measures
     # The layout (nodes, processes, sharding, the engine's span and placement) is not the experiment: every node
     # computes the same key, and a checkpoint (whole weights, whole optimizer state) resumes on another layout.
@@ -238,7 +233,7 @@ def _hydra_config(saved: Path) -> dict[str, Any]:
 def setting_key(cfg: RetoolConfig, training: dict | None) -> str:
     """What an eval measures, seeds aside: runs that differ only in their seed (and the training seed of the
     checkpoint they evaluate) share it, so a report can put them together as one result with a spread."""
-    keep = _plain(cfg)
+    keep = plain_values(cfg)
     for key in ("seed", "ckpt", "eval"):
         keep.pop(key, None)
     _drop_layout(keep)

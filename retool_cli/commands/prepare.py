@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from retool_cli import __version__
-from retool_cli.config import RetoolConfig
+from retool_cli.config import RetoolConfig, plain_values
 from retool_cli.data.dataset import STAGING_FOLDER, MathExample, PrepareStats, prepare_dataset
 from retool_cli.env.reward import unreadable_answers
 from retool_cli.errors import DataError
@@ -92,7 +91,7 @@ def _manifest(
             "unreadable_answers": unreadable,
         },
         "files": {name: {"rows": len(ex), "sha256": sha256_file(staging / name)} for name, ex in outputs.items()},
-        "config": OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True),
+        "config": plain_values(config),
         "seconds": round(time.perf_counter() - started, 3),
     }
 

@@ -18,6 +18,7 @@ This file: the root, `RetoolConfig`, and the checks that read several sections.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from retool_cli.config.data import (
     BenchmarkConfig,
@@ -100,6 +101,7 @@ __all__ = [
     "TemplatePolicy",
     "TrainerConfig",
     "doc",
+    "plain_values",
 ]
 
 
@@ -257,3 +259,11 @@ class RetoolConfig:
                 "per-turn cap ends its trajectory as truncated, so long reasoning would be cut; raise it or set it "
                 "to null (the rest of the response budget)",
             )
+
+
+def plain_values(config: RetoolConfig) -> dict[str, Any]:
+    """The config as plain, resolved values (enums as their names): what a run key digests and what records keep
+    (a checkpoint's, prepare's manifest)."""
+    from omegaconf import OmegaConf
+
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config), resolve=True, enum_to_str=True))
