@@ -40,6 +40,7 @@ from retool_cli.rl.distributed import (
 from retool_cli.rl.launch import (
     check_devices,
     check_engine_span,
+    check_placement,
     launch_processes,
     resolve_rendezvous,
     typed_trainer_keys,
@@ -67,6 +68,7 @@ PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/respo
 
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
+    check_placement(config)  # before any process, folder or model
     config = from_checkpoint(config)  # trainer.init_from: the model, tokenizer and protocol it was trained with
     key = config_key(config)  # before the per-process changes below: every process must agree on it
     rank, size = init_distributed(t.collective_timeout_s)

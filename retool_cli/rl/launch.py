@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retool_cli import run_lock, stops
-from retool_cli.config import RetoolConfig, RolloutEngine, TrainerConfig
+from retool_cli.config import RetoolConfig, RolloutEngine, RolloutPlacement, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
 from retool_cli.model.precision import resolve_device
 from retool_cli.rollout.vllm_engine import release_stale_shared_memory
@@ -219,6 +219,17 @@ def check_engine_span(config: RetoolConfig, size: int) -> None:
         )
     if config.trainer.eval_every:  # the periodic eval runs on rank 0 alone: an engine spanning processes cannot
         raise ConfigError("trainer.eval_every with rollout.vllm_tensor_parallel_size > 1 is not supported yet: set 0")
+
+
+def check_placement(config: RetoolConfig) -> None:
+    """rollout.placement=separate runs its engine processes on CPU (gloo broadcasts): engine processes on GPUs of
+    their own (NCCL) are not built, so an accelerator run is refused before any process or folder is made."""
+    if config.rollout.placement is RolloutPlacement.separate and resolve_device(config.model.device).type != "cpu":
+        raise ConfigError(
+            f"rollout.placement=separate runs its engine processes on CPU for now (model.device="
+            f"{config.model.device} is {resolve_device(config.model.device)}); use rollout.placement=colocated on "
+            "accelerators"
+        )
 
 
 def check_devices(config: RetoolConfig) -> None:

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from retool_cli.config import RetoolConfig, RolloutEngine
-from retool_cli.errors import ConfigError, EngineTimeout, Resumable, RetoolError
+from retool_cli.errors import EngineTimeout, Resumable, RetoolError
 from retool_cli.faults import die_if_due, jitter
 from retool_cli.interfaces import Engine, Generation
 from retool_cli.model.loading import sampler_model
@@ -385,12 +385,7 @@ def engine_processes(
     """rollout.placement=separate: `slots` engines for the overlapped sampler, dealt out over
     rollout.engine_processes processes (at most one per slot), each with rollout.engine_threads of the trainer's
     CPU threads; closed (their processes ended) on leaving."""
-    r = config.rollout
-    if precision.device.type != "cpu":
-        raise ConfigError(
-            f"rollout.placement=separate runs its engine processes on CPU for now (model.device is "
-            f"{precision.device}); use rollout.placement=colocated on accelerators"
-        )
+    r = config.rollout  # (on CPU: rl/launch.check_placement refused an accelerator before the run began)
     count = min(r.engine_processes, slots)
     if count < r.engine_processes:
         log.warning(

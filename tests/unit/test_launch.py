@@ -180,3 +180,26 @@ def test_a_vllm_span_held_by_another_run_is_named_in_the_error() -> None:
     assert held.startswith("vLLM could not start on ckpt: create shm") and "Another run on this machine" in held
     other = str(start_failure("ckpt", ValueError("max_model_len is larger than the model's")))
     assert other == "vLLM could not start on ckpt: max_model_len is larger than the model's"
+
+
+@pytest.mark.parametrize("device, cuda, refused", [("auto", True, True), ("auto", False, False), ("cpu", True, False)])
+def test_engine_processes_on_an_accelerator_are_refused_before_the_run_begins(
+    monkeypatch: pytest.MonkeyPatch, device: str, cuda: bool, refused: bool
+) -> None:
+    """rollout.placement=separate sends weights by gloo to engine processes on CPU; NCCL engine processes are not
+    built, so a run whose policy would sit on CUDA is refused naming the key (only the device lookup is faked)."""
+    from dataclasses import replace
+
+    from retool_cli.config import RetoolConfig, RolloutPlacement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    config = RetoolConfig()
+    config = replace(config, model=replace(config.model, device=device))
+    config = replace(config, rollout=replace(config.rollout, placement=RolloutPlacement.separate))
+    config = replace(config, trainer=replace(config.trainer, max_staleness=1))
+    if refused:
+        with pytest.raises(ConfigError, match=r"rollout\.placement=separate runs its engine processes on CPU"):
+            launch.check_placement(config)
+    else:
+        launch.check_placement(config)
+    launch.check_placement(replace(config, rollout=replace(config.rollout, placement=RolloutPlacement.colocated)))
