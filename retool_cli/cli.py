@@ -59,8 +59,11 @@ def hydra_argv(args: list[str]) -> list[str]:
     return flags + overrides
 
 
-def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
-    """Compose `conf/<command>.yaml` with the overrides, convert it to the typed config, call `main`."""
+def run_hydra_command(command: str, module: str, args: list[str]) -> None:
+    """Compose `conf/<command>.yaml` with the overrides, convert it to the typed config, call `module`'s `run`
+    (imported once the config is known good: a mistake in it is said in a second, before torch loads)."""
+    import importlib
+
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
@@ -92,7 +95,7 @@ def run_hydra_command(command: str, main: Callable, args: list[str]) -> None:
                 record = provenance(config, [command, *args])
                 record["overrides"] = overrides
                 write_json(run_dir / "provenance.json", record)
-                main(config, run_dir)
+                importlib.import_module(module).run(config, run_dir)
         except (RetoolError, OmegaConfBaseException) as exc:
             # Bad input, not a bug: one clear message, no traceback, non-zero exit, no empty run folder left, and
             # a folder of an earlier run described as before.
@@ -337,23 +340,17 @@ def _root(
 
 @app.command("prepare", help=COMMANDS["prepare"].what, **_HYDRA_COMMAND)
 def prepare(ctx: typer.Context) -> None:
-    from retool_cli.commands import prepare as command
-
-    run_hydra_command("prepare", command.run, ctx.args)
+    run_hydra_command("prepare", "retool_cli.commands.prepare", ctx.args)
 
 
 @app.command("decontaminate", help=COMMANDS["decontaminate"].what, **_HYDRA_COMMAND)
 def decontaminate(ctx: typer.Context) -> None:
-    from retool_cli.commands import decontaminate as command
-
-    run_hydra_command("decontaminate", command.run, ctx.args)
+    run_hydra_command("decontaminate", "retool_cli.commands.decontaminate", ctx.args)
 
 
 @app.command("filter-pass-rate", help=COMMANDS["filter-pass-rate"].what, **_HYDRA_COMMAND)
 def filter_pass_rate(ctx: typer.Context) -> None:
-    from retool_cli.commands import filter_pass_rate as command
-
-    run_hydra_command("filter-pass-rate", command.run, ctx.args)
+    run_hydra_command("filter-pass-rate", "retool_cli.commands.filter_pass_rate", ctx.args)
 
 
 @app.command("filter-merge")
@@ -371,23 +368,17 @@ def filter_merge(
 
 @app.command("sft", help=COMMANDS["sft"].what, **_HYDRA_COMMAND)
 def sft(ctx: typer.Context) -> None:
-    from retool_cli.commands import sft as command
-
-    run_hydra_command("sft", command.run, ctx.args)
+    run_hydra_command("sft", "retool_cli.commands.sft", ctx.args)
 
 
 @app.command("train", help=COMMANDS["train"].what, **_HYDRA_COMMAND)
 def train(ctx: typer.Context) -> None:
-    from retool_cli.commands import train as command
-
-    run_hydra_command("train", command.run, ctx.args)
+    run_hydra_command("train", "retool_cli.commands.train", ctx.args)
 
 
 @app.command("eval", help=COMMANDS["eval"].what, **_HYDRA_COMMAND)
 def eval_(ctx: typer.Context) -> None:
-    from retool_cli.commands import eval as command
-
-    run_hydra_command("eval", command.run, ctx.args)
+    run_hydra_command("eval", "retool_cli.commands.eval", ctx.args)
 
 
 @app.command("eval-report")

@@ -15,6 +15,9 @@ What listens: on one node, the store and the gloo/NCCL connections on 127.0.0.1 
 trainer.master_addr's address (node 0) and the backends' connections on each node's address (rl/torchrun.py).
 A stop signal to the launcher goes to every rank (each stops at the end of its step; stops.py), and the launcher
 kills what is left when they overrun the stop's time; torchrun and the ranks die with their parents.
+
+The CLI reads this module before it knows the config is good (`later_node`), so torch and the engines load
+inside the functions that need them: a mistake on the command line is said before they load.
 """
 
 from __future__ import annotations
@@ -34,8 +37,6 @@ from pathlib import Path
 from retool_cli import run_lock, stops
 from retool_cli.config import RetoolConfig, RolloutEngine, RolloutPlacement, TrainerConfig
 from retool_cli.errors import ConfigError, RetoolError
-from retool_cli.model.precision import resolve_device
-from retool_cli.rollout.vllm_engine import release_stale_shared_memory
 
 log = logging.getLogger(__name__)
 LAUNCH_KEYS = ("nnodes", "node_rank", "master_addr", "master_port")  # how a run is laid out, not what it computes
@@ -153,6 +154,8 @@ def launch_processes(
     )
     if layout.node_rank == 0:
         run_lock.claim(run_dir, "train")  # held for the ranks (rank 0 writes there as ours)
+    from retool_cli.rollout.vllm_engine import release_stale_shared_memory
+
     if vllm and (stale := release_stale_shared_memory()):  # a killed run's: this run's engines could not start
         log.warning("removed the shared memory a killed vLLM run left: %s", ", ".join(map(str, stale)))
     with tempfile.TemporaryDirectory(prefix="retool-launch-") as scratch:
@@ -224,6 +227,8 @@ def check_engine_span(config: RetoolConfig, size: int) -> None:
 def check_placement(config: RetoolConfig) -> None:
     """rollout.placement=separate runs its engine processes on CPU (gloo broadcasts): engine processes on GPUs of
     their own (NCCL) are not built, so an accelerator run is refused before any process or folder is made."""
+    from retool_cli.model.precision import resolve_device
+
     if config.rollout.placement is RolloutPlacement.separate and resolve_device(config.model.device).type != "cpu":
         raise ConfigError(
             f"rollout.placement=separate runs its engine processes on CPU for now (model.device="
@@ -236,6 +241,8 @@ def check_devices(config: RetoolConfig) -> None:
     """A run of trainer.nproc processes on CUDA needs as many CUDA devices here (model.device=cuda without
     CUDA is refused by resolve_device)."""
     import torch
+
+    from retool_cli.model.precision import resolve_device
 
     device, nproc = resolve_device(config.model.device), config.trainer.nproc
     if device.type == "cuda" and torch.cuda.device_count() < nproc:

@@ -79,3 +79,27 @@ def test_a_layout_the_processes_cannot_take_fails_naming_the_key(tmp_path: Path)
         proc = run_retool("train", *SMOKE, *extra, cwd=tmp_path)
         assert proc.returncode == 1 and expected in proc.stdout + proc.stderr, (extra, proc.stderr[-2000:])
     assert _runs(tmp_path, "train") == []
+
+
+def test_a_config_mistake_is_said_before_torch_loads(tmp_path: Path) -> None:
+    """Each Hydra command imports its module (torch, transformers: 5-6 s of a core here) only once the typed
+    config holds, so a mistake on the command line is said at once. A fresh interpreter, not the tests' zygote
+    (which imported everything before)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom retool_cli.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    print('exit', exit.code, 'torch' in sys.modules)\n"
+    )
+    for command in ("train", "sft", "eval", "prepare", "filter-pass-rate", "decontaminate"):
+        argv = ["retool", command, "recipe=dapo_smoke", "seed=minus_one", "hydra.run.dir=run"]
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import sys; sys.argv = {argv!r}\n{probe}"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.stdout.strip().splitlines()[-1] == "exit 1 False", (command, proc.stdout, proc.stderr[-2000:])
+        assert "seed" in proc.stdout + proc.stderr and not (tmp_path / "run").exists()
