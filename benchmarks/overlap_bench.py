@@ -86,6 +86,9 @@ PARTIAL2 = ["rollout.partial_turns=2"]  # (with --arms) the first two turns with
 TOKENS48 = ["rollout.partial_turns=8", "rollout.partial_tokens=48"]
 MORE_ARMS = {f"{arm}_turns2": [*ARMS[arm], *PARTIAL2] for arm in ("k1_partial", "k1_partial_separate")}
 MORE_ARMS |= {f"{arm}_tokens48": [*ARMS[arm], *TOKENS48] for arm in ("k1_partial", "k1_partial_separate")}
+# (with --arms) k = 2: the tails of partial rollouts sample with the version of the update before the last one, so
+# beside the last update rather than after it
+MORE_ARMS |= {arm.replace("k1", "k2"): ["trainer.max_staleness=2", *ARMS[arm][1:]] for arm in [*ARMS][1:]}
 
 
 def run_isolated(spec: dict) -> dict:
