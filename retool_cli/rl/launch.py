@@ -229,11 +229,13 @@ def check_placement(config: RetoolConfig) -> None:
     their own (NCCL) are not built, so an accelerator run is refused before any process or folder is made."""
     from retool_cli.model.precision import resolve_device
 
-    if config.rollout.placement is RolloutPlacement.separate and resolve_device(config.model.device).type != "cpu":
+    if config.rollout.placement is not RolloutPlacement.separate:
+        return
+    device = resolve_device(config.model.device)
+    if device.type != "cpu":
         raise ConfigError(
             f"rollout.placement=separate runs its engine processes on CPU for now (model.device="
-            f"{config.model.device} is {resolve_device(config.model.device)}); use rollout.placement=colocated on "
-            "accelerators"
+            f"{config.model.device} is {device}); use rollout.placement=colocated on accelerators"
         )
 
 
