@@ -69,6 +69,8 @@ PLOTTED = ["reward/mean", "train/accuracy", "rollout/code_calls", "rollout/respo
 def run(config: RetoolConfig, run_dir: Path) -> None:
     t = config.trainer
     check_placement(config)  # before any process, folder or model
+    for note in config.idle_overlap_settings():
+        log.warning("%s", note)
     config = from_checkpoint(config)  # trainer.init_from: the model, tokenizer and protocol it was trained with
     key = config_key(config)  # before the per-process changes below: every process must agree on it
     rank, size = init_distributed(t.collective_timeout_s)

@@ -105,6 +105,9 @@ __all__ = [
 ]
 
 
+SEPARATE_ONLY = ("engine_processes", "engine_threads", "engine_restarts", "weight_bucket_mb")  # rollout keys
+
+
 @dataclass
 class RetoolConfig:
     """The composed config of every subcommand."""
@@ -203,6 +206,22 @@ class RetoolConfig:
             "whole model, so 1 for now; a vLLM engine spanning trainer processes samples ahead colocated "
             "(rollout.placement=colocated)",
         )
+
+    def idle_overlap_settings(self) -> list[str]:
+        """Notes on the overlap keys (rollout.engine_*, weight_bucket_mb, partial_turns) set away from their
+        defaults in a run where they do nothing: a user who typed rollout.engine_processes=2 on a colocated run
+        learns why nothing changed. Notes, not errors: a recipe may set them for a placement the command line
+        then overrides."""
+        r, defaults = self.rollout, RolloutConfig()
+        separate = self.trainer.max_staleness >= 1 and r.placement is RolloutPlacement.separate
+        needs = {key: "rollout.placement=separate (and trainer.max_staleness >= 1)" for key in SEPARATE_ONLY}
+        needs["partial_turns"] = "rollout.partial=true"
+        applies = {key: separate for key in SEPARATE_ONLY} | {"partial_turns": r.partial}
+        return [
+            f"rollout.{key}={getattr(r, key)} does nothing here: it applies with {needs[key]}"
+            for key in needs
+            if self.command == "train" and not applies[key] and getattr(r, key) != getattr(defaults, key)
+        ]
 
     def _check_learning_signal(self) -> None:
         """GRPO-family advantages compare the samples of one question: with one sample, or greedy samples that

@@ -242,8 +242,8 @@ def _exit_with_parent(parent: int) -> None:
 
 
 class EngineProcess:
-    """One engine process, seen from the trainer: its requests one at a time, restarts when it dies, until it
-    is closed."""
+    """One engine process, seen from the trainer: started when made (`wait_started` before the first request),
+    its requests one at a time, restarts when it dies, until it is closed."""
 
     def __init__(self, spec: EngineSpec, index: int, timeout_s: float, restarts: int, bucket_bytes: int) -> None:
         self.spec, self.index, self.timeout_s, self.bucket_bytes = spec, index, timeout_s, bucket_bytes
@@ -255,9 +255,14 @@ class EngineProcess:
         # (a non-daemon child). `starting` orders a start against the close.
         self.closed = False
         self.starting = threading.Lock()
-        self._start()
+        self._launch()
 
     def _start(self) -> None:
+        self._launch()
+        self.wait_started()
+
+    def _launch(self) -> None:
+        """Start the process, not waiting for it: `wait_started` does (so that several start at once)."""
         context = multiprocessing.get_context("spawn")  # never fork a process with threads and a torch pool
         with self.starting:
             if self.closed:
@@ -275,7 +280,10 @@ class EngineProcess:
             self.process.start()
         child.close()
         log.info("engine process %d started (pid %d)", self.index, self.process.pid)
-        self._answer("start", max(self.timeout_s, START_TIMEOUT_S))  # its models built (or why not)
+
+    def wait_started(self) -> None:
+        """Wait for the process's models (or why it has none), then join its side of the weights' group."""
+        self._answer("start", max(self.timeout_s, START_TIMEOUT_S))
         try:
             self.group = gloo_group(self.store, 0, START_TIMEOUT_S)
         except RuntimeError as error:  # the child died before joining, or never joined in time
@@ -414,6 +422,8 @@ def engine_processes(
                 vllm=vllm,
             )
             processes.append(EngineProcess(spec, index, r.engine_timeout_s, r.engine_restarts, bucket_bytes))
+        for process in processes:  # all started at once: each imports and builds its models on its own cores
+            process.wait_started()
         torch.set_num_threads(max(1, trainer_threads - count * r.engine_threads))  # the engines' cores are theirs
         log.info(
             "rollout.placement=separate: %d engine processes x %d threads, the trainer %d threads",

@@ -374,3 +374,26 @@ def test_train_refuses_settings_that_learn_nothing_unless_allowed(overrides: lis
         composed("train", overrides)
     assert composed("train", [*overrides, "trainer.allow_no_learning=true"]).trainer.allow_no_learning
     composed("eval", overrides)  # sampling without training: greedy and one sample are fine
+
+
+@pytest.mark.parametrize(
+    ("overrides", "idle"),
+    [
+        (["rollout.engine_processes=2", "rollout.engine_restarts=0"], ["engine_processes", "engine_restarts"]),
+        (
+            ["trainer.max_staleness=1", "rollout.engine_threads=2", "rollout.weight_bucket_mb=8"],
+            ["engine_threads", "weight_bucket_mb"],
+        ),
+        (["trainer.max_staleness=1", "rollout.partial_turns=2"], ["partial_turns"]),
+        (["trainer.max_staleness=1", "rollout.placement=separate", "rollout.engine_processes=2"], []),
+        (["trainer.max_staleness=1", "rollout.partial=true", "rollout.partial_turns=2"], []),
+        (["rollout.engine_processes=1", "rollout.partial_turns=1"], []),  # the defaults, typed: nothing to say
+    ],
+)
+def test_overlap_keys_that_do_nothing_in_a_run_are_named(overrides: list[str], idle: list[str]) -> None:
+    """A key of engine processes or partial rollouts set in a run without them is named (train logs the notes),
+    and only there; a recipe may set them, so a note, not an error."""
+    notes = composed("train", ["recipe=dapo_smoke", *overrides]).idle_overlap_settings()
+    assert [re.match(r"rollout\.(\w+)=", note)[1] for note in notes] == idle
+    assert all("does nothing here" in note for note in notes)
+    assert composed("sft", ["recipe=dapo_smoke", *overrides]).idle_overlap_settings() == []

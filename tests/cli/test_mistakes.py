@@ -226,3 +226,14 @@ def test_a_cuda_recipe_on_a_machine_without_cuda_is_refused_once_before_any_proc
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1 and out.count("model.device=cuda but CUDA is not available") == 1, out
     assert "torchrun" not in out and "Traceback" not in out and not (tmp_path / "run").exists()
+
+
+def test_train_names_an_overlap_key_that_does_nothing_before_it_starts(tmp_path: Path) -> None:
+    """rollout.engine_processes on a colocated run: a note naming the key, logged before the run's other work
+    (here its next mistake, a missing init_from, which still stops it)."""
+    args = ["rollout.engine_processes=2", f"trainer.init_from={tmp_path / 'nowhere'}", "hydra.run.dir=run"]
+    proc = run_retool("train", *SMOKE, *args, cwd=tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, out
+    note = "rollout.engine_processes=2 does nothing here: it applies with rollout.placement=separate"
+    assert note in out and out.index(note) < out.index("trainer.init_from="), out

@@ -44,6 +44,7 @@ def test_a_request_in_flight_when_the_process_is_closed_fails_and_starts_nothing
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     spec = EngineSpec(model.config, model.generation_config, tokenizer, torch.float32, True, 1, slots=[0])
     engine = EngineProcess(spec, 0, timeout_s=60.0, restarts=3, bucket_bytes=2**20)
+    engine.wait_started()
     engine.load(0, model)
     first = engine.process.pid
     os.kill(first, signal.SIGSTOP)  # stuck: the request below waits on it
