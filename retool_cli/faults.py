@@ -3,7 +3,8 @@
 starts, sampling:N as train's sampler thread (trainer.max_staleness > 0) starts step N's batch, chunk:N makes
 a sampling run (eval, filter-pass-rate) die right after its N-th chunk reached samples.jsonl, file:N makes
 `retool prepare` die after writing its N-th output into its staging folder and placed:N after moving its N-th
-into place. It dies as a node failure would: SIGKILL to itself, no cleanup, no exit handlers.
+into place, engine_start:P makes engine process P (rollout.placement=separate) die as it builds its models. It
+dies as a node failure would: SIGKILL to itself, no cleanup, no exit handlers.
 RETOOL_PAUSE_AT=rollouts:N (before step N's rollouts), step:N (sft, after step N) or chunk:N makes the command
 wait there for a stop signal (60 s at most): the stop tests' fixed point to signal at, whatever the machine's
 speed. RETOOL_JITTER=tools:S,engine:S,update:S delays each batch of tool calls, engine call or policy update by

@@ -153,6 +153,8 @@ def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s:
         signal.signal(signum, signal.SIG_IGN)  # a stop is the trainer's to handle; it ends this process
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(spec.threads)
+    if spec.incarnation == 0:
+        die_if_due("engine_start", spec.slots[0])  # the start test (engine_start:P: process P, building its models)
     try:
         slots = _Slots(spec)
     except Exception as error:  # the trainer raises it
@@ -292,7 +294,7 @@ class EngineProcess:
     def _died(self, when: str) -> NoReturn:
         self.process.join(timeout=5.0)
         code = self.process.exitcode
-        raise _Died(f"engine process {self.index} (pid {self.process.pid}) exited with code {code} {when}")
+        raise _Died(f"engine process {self.index} (pid {self.process.pid}) {_how_it_ended(code)} {when}")
 
     def request(self, kind: str, slot: int, args: Any) -> Any:
         """Send a request and wait for its answer, restarting a dead process (weights sent again) and repeating
@@ -380,6 +382,17 @@ class EngineProcess:
             self.process.kill()
             self.process.join()
         self.conn.close()
+
+
+def _how_it_ended(code: int | None) -> str:
+    """A process's exit code in words (multiprocessing's -N: killed by signal N)."""
+    if code is None:
+        return "stopped answering"
+    if code >= 0:
+        return f"exited with code {code}"
+    name = signal.Signals(-code).name if -code in {s.value for s in signal.Signals} else f"signal {-code}"
+    oom = " (by the kernel's out-of-memory killer, if `dmesg` says so)" if -code == signal.SIGKILL else ""
+    return f"was killed by {name}{oom}"
 
 
 class _Died(RetoolError):

@@ -282,6 +282,20 @@ def test_an_engine_process_that_dies_for_good_stops_the_run_with_an_error(tmp_pa
     assert not alive(pids)
 
 
+def test_an_engine_process_killed_as_it_starts_stops_the_run_and_the_other_one(tmp_path: Path) -> None:
+    """Two engine processes start at once; the second is killed as it builds its models (as the out-of-memory
+    killer would): the run stops with an error naming the process and how it ended, no traceback, no run folder
+    (nothing was written), and neither process left."""
+    args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_processes=2", "hydra.run.dir=run"]
+    result = run_retool(*args, cwd=tmp_path, env={"RETOOL_DIE_AFTER": "engine_start:1"}, timeout=120)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said[-3000:]
+    assert re.search(r"engine process 1 \(pid \d+\) was killed by SIGKILL .*during a start request", said), said
+    assert "Traceback" not in said and not (tmp_path / "run").exists()
+    pids = engine_pids(said)
+    assert len(pids) == 2 and not alive(pids)
+
+
 def test_vllm_samples_the_same_whatever_the_placement_the_speeds_and_the_engine_count(
     sft_checkpoint: Path, tmp_path: Path
 ) -> None:
