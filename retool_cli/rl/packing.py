@@ -45,6 +45,16 @@ with contextlib.suppress(ImportError):  # an older PyTorch: SDPA per segment eve
     from torch.nn.attention.varlen import varlen_attn as _VARLEN
 _forward = threading.local()  # .packed: this thread is in a packed forward (engines run in other threads)
 TURN_OFF = "set trainer.pack_sequences=false (sft.pack_sequences=false)"
+# What a model may pass its attention that the attention here does not compute: such a model is refused by name
+# (the probe would catch most, but a soft-cap barely changes a random model's small logits)
+NOT_PACKED = {
+    "sliding_window": "sliding-window attention layers",
+    "softcap": "attention logit soft-capping",
+    "s_aux": "attention sinks",
+    "position_bias": "a position bias in its attention",
+    "indices": "sparse attention",
+    "block_indices": "sparse attention",
+}
 # The probe's largest difference, over the spread of the logits, that is rounding: in fp32 at most 1.3e-6 on the 22
 # transformers architectures that pack, the smallest leak 3.4e-3 (a tiny random LFM2 with a convolution layer;
 # tests/unit/test_packing.py); half precision (and TF32) rounds to ~1e-2, so there only gross leaks show (as a
@@ -212,13 +222,15 @@ def packed_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return unpacked
-    if kwargs.get("sliding_window") is not None:
+    unsupported = [what for key, what in NOT_PACKED.items() if kwargs.get(key) is not None]
+    unsupported += ["non-causal attention"] if kwargs.get("is_causal") is False else []
+    unsupported += ["an attention mask of its own"] if attention_mask is not None else []
+    if unsupported:
         raise ConfigError(
-            f"{type(module).__name__} has sliding-window attention layers, which packed rows do not support yet; "
-            f"{TURN_OFF}"
+            f"{type(module).__name__} has {unsupported[0]}, which packed rows do not support yet; {TURN_OFF}"
         )
-    if attention_mask is not None or query.shape[0] != 1:
-        raise RuntimeError("a packed forward takes one row and no attention mask (rl/packing.py)")
+    if query.shape[0] != 1:
+        raise RuntimeError("a packed forward takes one row (rl/packing.py)")
     gqa = query.shape[1] != key.shape[1]
     if _VARLEN is not None and _varlen_fits(query, dropout, packed_segments):
         return _varlen_attention(query, key, value, scaling, packed_segments, gqa), None

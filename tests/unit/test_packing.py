@@ -348,6 +348,27 @@ def test_sliding_window_layers_are_refused() -> None:
         sequence_logprobs(model, [[1, 2, 3, 4, 5, 6], [4, 5]], 0, CPU, pack=True)
 
 
+# Attention that the packed attention does not compute, passed to transformers' attention function: refused by
+# name whatever the probe finds (a soft-cap of 1 changes a tiny random model's logits by less than rounding, so
+# only the refusal keeps the packed pass from ignoring it)
+NOT_COMPUTED = {
+    "soft-capping": ("gemma2", {"layer_types": ["full_attention"] * 2, "attn_logit_softcapping": 1.0}),
+    "attention sinks": (
+        "gpt_oss",
+        {"layer_types": ["full_attention"] * 2, "num_local_experts": 2, "num_experts_per_tok": 1},
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(NOT_COMPUTED))
+def test_attention_the_packed_pass_does_not_compute_is_refused_by_name(what: str) -> None:
+    model_type, extra = NOT_COMPUTED[what]
+    model = small_model(model_type, **extra)
+    with pytest.raises(ConfigError, match=rf"{what}, which packed rows do not support yet.*pack_sequences=false"):
+        sequence_logprobs(model, [[1, 2, 3, 4, 5, 6], [4, 5]], 0, CPU, pack=True)
+    sequence_logprobs(model, [[1, 2, 3, 4, 5, 6], [4, 5]], 0, CPU)  # the padded pass still runs
+
+
 SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16}
 SMALL |= {"num_attention_heads": 4, "num_key_value_heads": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 # Decoders whose positions meet outside transformers' attention interface, so a packed row would carry one
@@ -399,7 +420,7 @@ def test_the_probe_leaves_modes_and_the_random_stream_as_they_were() -> None:
 # transformers' decoders at tiny sizes (what each needs beyond SMALL): whatever a user points model.name_or_path at
 AS_THEY_ARE = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phimoe", "granitemoe", "jetmoe", "gemma", "phi"]
 AS_THEY_ARE += ["phi3", "olmo2", "cohere", "starcoder2", "gpt_neox", "smollm3", "glm", "persimmon", "biogpt", "opt"]
-AS_THEY_ARE += ["llama4_text", "mistral", "gemma2", "recurrent_gemma", "mamba", "xglm"]
+AS_THEY_ARE += ["llama4_text", "mistral", "gemma2", "recurrent_gemma", "mamba", "xglm", "gpt_oss"]
 ARCHITECTURES: dict[str, dict] = {
     **{model_type: {} for model_type in AS_THEY_ARE},
     "gpt2": {"n_layer": 2, "n_head": 4, "n_embd": 64},
@@ -419,6 +440,7 @@ ARCHITECTURES: dict[str, dict] = {
 # sliding-window layers (Mistral, Gemma 2), or positions that meet outside transformers' attention in transformers 5
 # (a later version may move one to the attention interface, and then it may pack)
 REFUSED = {"mistral", "gemma2", "recurrent_gemma", "mamba", "xglm", "gptj", "codegen", "bloom", "falcon", "mpt"}
+REFUSED |= {"gpt_oss"}  # sliding-window layers, and attention sinks
 REFUSED |= {"lfm2", "jamba", "falcon_h1", "qwen3_next", "minimax"}
 
 
