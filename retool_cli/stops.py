@@ -57,6 +57,7 @@ class _State:
     deferred = 0  # depth of `deferred()` blocks around the main thread's current point
     interruptible = 0  # depth of `interruptible()` blocks inside them
     resume_hint = ""  # the command line that resumes the run, said when a stop has to kill it
+    notice: threading.Thread | None = None  # the thread that logs "SIGINT received" (_handler)
 
 
 _state = _State()
@@ -145,7 +146,12 @@ def _handler(signum: int, frame: FrameType | None) -> None:
             force_exit(signum)
         return  # the same stop delivered twice (Slurm signals every process, torchrun forwards)
     _state.signum, _state.first_at = signum, time.monotonic()
-    log.warning("%s received: stopping (the run is kept; see below how to resume)", signal.Signals(signum).name)
+    # Logged from a thread of its own: the handler runs in the main thread between two bytecodes, maybe in the
+    # middle of writing a log line, and a log call from here wrote that line twice (or a buffered stream refuses a
+    # reentrant write); the thread waits for that write to end.
+    notice = f"{signal.Signals(signum).name} received: stopping (the run is kept; see below how to resume)"
+    _state.notice = threading.Thread(target=log.warning, args=(notice,), name="retool-stop-notice")
+    _state.notice.start()
     _start_deadline(signum)
     if _state.deferred == 0 or _state.interruptible > 0:
         raise Stopped(signum)
@@ -189,6 +195,8 @@ def exit_quietly(code: int) -> None:
     torchrun forked (rl/rank.py) ends without a teardown anyway, and on success must return to its agent."""
     if code == 0 and os.environ.get(FORKED_RANK_ENV):
         raise SystemExit(0)
+    if _state.notice is not None:
+        _state.notice.join(timeout=2.0)  # (said: see _handler)
     logging.shutdown()
     os._exit(code)
 

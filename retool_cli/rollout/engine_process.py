@@ -39,6 +39,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -57,6 +58,7 @@ from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
 START_TIMEOUT_S = 300.0  # an engine process's start (imports, building its models) is bounded by this too
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # what stops a run (stops.py): the trainer's to handle
 NO_LIMIT_S = 365 * 86400.0  # a broadcast's timeout where rollout.engine_timeout_s=0 asks for none
 
 # A bucket's layout: the dtype its flat tensor has, and (name, shape) of each tensor in it, in order.
@@ -149,8 +151,9 @@ def gloo_group(store: Any, rank: int, timeout_s: float) -> Any:
 def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s: float) -> None:
     """An engine process's main: build a model per slot, join the trainer's group, answer requests until told
     to exit or the trainer is gone."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # a stop is the trainer's to handle; it ends this process
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the spawn: one held now is dropped
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(spec.threads)
     if spec.incarnation == 0:
@@ -279,7 +282,16 @@ class EngineProcess:
                 name=f"retool-engine-{self.index}",
                 daemon=False,  # vLLM may start processes of its own; close() ends this one (and it its parent's end)
             )
-            self.process.start()
+            # The stop signals blocked in this thread while it spawns: the child inherits the mask across exec, so a
+            # Ctrl-C to the process group while it imports is held until serve() ignores it, instead of killing it
+            # with a KeyboardInterrupt (this thread's own stop, if one comes, is delivered as the block ends).
+            # multiprocessing's resource tracker is started first: its start unblocks SIGINT and SIGTERM.
+            resource_tracker.ensure_running()
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self.process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         log.info("engine process %d started (pid %d)", self.index, self.process.pid)
 

@@ -5,9 +5,12 @@ kept trajectories and weights (its checkpoints keep the batches sampled ahead)."
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from safetensors.torch import load_file
 
 from tests.cli.test_stops import resume_line, rows_of, signal_when
 from tests.cli.test_vllm import VLLM
-from tests.helpers import TINY, alive, die_after, read_jsonl, run_retool
+from tests.helpers import TINY, alive, command_env, die_after, read_jsonl, run_retool
 from tests.helpers import comparable as timeless
 
 STEPS = 4
@@ -223,8 +226,9 @@ def test_overlapped_training_stops_at_a_step_and_resumes_exactly(sft_checkpoint:
     assert same_weights(weights(run), weights(tmp_path / "whole"))
 
 
-def engine_pids(stderr: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"engine process \d+ started \(pid (\d+)\)", stderr)]
+def engine_pids(said: str) -> list[int]:
+    """The engine processes a run started, each once (a log line may show twice where the progress bar redraws)."""
+    return list(dict.fromkeys(int(pid) for pid in re.findall(r"engine process \d+ started \(pid (\d+)\)", said)))
 
 
 def test_engine_processes_sample_what_the_colocated_sampler_does(sft_checkpoint: Path, tmp_path: Path) -> None:
@@ -293,6 +297,32 @@ def test_an_engine_process_killed_as_it_starts_stops_the_run_and_the_other_one(t
     assert re.search(r"engine process 1 \(pid \d+\) was killed by SIGKILL .*during a start request", said), said
     assert "Traceback" not in said and not (tmp_path / "run").exists()
     pids = engine_pids(said)
+    assert len(pids) == 2 and not alive(pids)
+
+
+def test_ctrl_c_as_engine_processes_start_stops_the_run_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) as two engine processes are spawned,
+    while they import: they hold it until they ignore it (a stop is the trainer's), so the run stops at its
+    step's end with exit 130 and the command that resumes it; no KeyboardInterrupt from an engine process, and
+    nothing left. (A plain process in a session of its own: the signal must not reach the test.)"""
+    args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_processes=2", "hydra.run.dir=run"]
+    command = [sys.executable, "-m", "retool_cli", *args]
+    env = command_env({"COLUMNS": "400"})
+    out = subprocess.PIPE
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    said = []
+    for line in proc.stdout:  # (the run goes on past the signal: the loop ends at the line or at its end)
+        said.append(line)
+        if "engine process 1 started" in line:
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    text = " ".join(("".join(said) + proc.communicate(timeout=120)[0]).split())
+    assert proc.returncode == 128 + signal.SIGINT, text[-3000:]
+    assert "stopped by SIGINT; to resume, run: retool train" in text, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    pids = engine_pids(text)
     assert len(pids) == 2 and not alive(pids)
 
 

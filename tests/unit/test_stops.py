@@ -130,3 +130,34 @@ def test_a_second_ctrl_c_stops_at_once_the_same_signal_twice_does_not() -> None:
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)  # a person's second Ctrl-C: now
     assert proc.wait(timeout=10) == 130
+
+
+def test_a_stop_signal_in_the_middle_of_a_log_line_is_said_after_it() -> None:
+    """The signal arrives while a log line is being written (here the handler sends it to itself half way): the
+    notice that says the stop is logged once that line is whole, not written into it (nor the line twice)."""
+    body = """
+    import logging, signal
+    class Halves(logging.Handler):
+        def emit(self, record):
+            text = self.format(record)
+            sys.stdout.write(text[:6]); sys.stdout.flush()
+            if 'interrupted' in text:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the signal's handler runs here, between two bytecodes of this write
+            sys.stdout.write(text[6:] + '\\n'); sys.stdout.flush()
+    logging.getLogger().addHandler(Halves())
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        with stops.deferred():
+            print('ready', flush=True)
+            time.sleep(0.5)  # (the test has read 'ready' alone)
+            logging.getLogger('run').info('a line interrupted by a stop signal')
+            time.sleep(0.5)
+            stops.check()
+    except stops.Stopped as s:
+        report(s)
+    """
+    proc = start(body)
+    stdout, _ = proc.communicate(timeout=20)
+    notice = "SIGINT received: stopping (the run is kept; see below how to resume)"
+    assert (proc.returncode, stdout) == (130, f"a line interrupted by a stop signal\n{notice}\nstopped SIGINT\n")
