@@ -306,6 +306,7 @@ def test_ctrl_c_as_engine_processes_start_stops_the_run_cleanly(tmp_path: Path) 
     step's end with exit 130 and the command that resumes it; no KeyboardInterrupt from an engine process, and
     nothing left. (A plain process in a session of its own: the signal must not reach the test.)"""
     args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_processes=2", "hydra.run.dir=run"]
+    args += ["trainer.stop_timeout_s=300"]  # the run ends its first step first: slow on a busy machine, not stuck
     command = [sys.executable, "-m", "retool_cli", *args]
     env = command_env({"COLUMNS": "400"})
     out = subprocess.PIPE
