@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from retool_cli import stops
 from retool_cli.config import RetoolConfig, RolloutEngine
 from retool_cli.errors import EngineTimeout, Resumable, RetoolError
 from retool_cli.faults import die_if_due, jitter
@@ -58,7 +59,6 @@ from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
 START_TIMEOUT_S = 300.0  # an engine process's start (imports, building its models) is bounded by this too
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # what stops a run (stops.py): the trainer's to handle
 NO_LIMIT_S = 365 * 86400.0  # a broadcast's timeout where rollout.engine_timeout_s=0 asks for none
 
 # A bucket's layout: the dtype its flat tensor has, and (name, shape) of each tensor in it, in order.
@@ -151,9 +151,9 @@ def gloo_group(store: Any, rank: int, timeout_s: float) -> Any:
 def serve(spec: EngineSpec, conn: Connection, port: int, parent: int, timeout_s: float) -> None:
     """An engine process's main: build a model per slot, join the trainer's group, answer requests until told
     to exit or the trainer is gone."""
-    for signum in STOP_SIGNALS:
+    for signum in stops.SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # a stop is the trainer's to handle; it ends this process
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the spawn: one held now is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops.SIGNALS)  # blocked since the spawn: one held now is dropped
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     torch.set_num_threads(spec.threads)
     if spec.incarnation == 0:
@@ -287,7 +287,7 @@ class EngineProcess:
             # with a KeyboardInterrupt (this thread's own stop, if one comes, is delivered as the block ends).
             # multiprocessing's resource tracker is started first: its start unblocks SIGINT and SIGTERM.
             resource_tracker.ensure_running()
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops.SIGNALS)
             try:
                 self.process.start()
             finally:
