@@ -13,9 +13,10 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -455,4 +456,18 @@ def main() -> None:
         app()
     except stops.Stopped as stop:  # a command outside Hydra's (report, eval-report, ...): its output is atomic
         log.error("stopped by %s", stop.name)
-        raise SystemExit(stop.exit_code) from None
+        exit_past_abandoned_work(stop.exit_code)
+    except SystemExit as done:
+        if done.code not in (0, None):
+            exit_past_abandoned_work(done.code if isinstance(done.code, int) else 1)
+        raise
+
+
+def exit_past_abandoned_work(code: int) -> NoReturn:
+    """A command that failed or was stopped may leave the overlapped sampler's threads in the middle of a batch
+    (rl/overlap.py abandons them). The interpreter's teardown under a thread inside torch's C++ aborts the process
+    ("terminate called without an active exception", exit 134) after the command said why it ended: then the exit
+    skips the teardown (logs and streams flushed), as a stopping process does (stops.exit_quietly)."""
+    if any(thread.name.startswith("retool-sampler") and thread.is_alive() for thread in threading.enumerate()):
+        stops.exit_quietly(code)
+    raise SystemExit(code)

@@ -5,12 +5,12 @@ a sampling run (eval, filter-pass-rate) die right after its N-th chunk reached s
 `retool prepare` die after writing its N-th output into its staging folder and placed:N after moving its N-th
 into place, engine_start:P makes engine process P (rollout.placement=separate) die as it builds its models. It
 dies as a node failure would: SIGKILL to itself, no cleanup, no exit handlers.
-RETOOL_PAUSE_AT=rollouts:N (before step N's rollouts), step:N (sft, after step N) or chunk:N makes the command
-wait there for a stop signal (60 s at most): the stop tests' fixed point to signal at, whatever the machine's
-speed. RETOOL_JITTER=tools:S,engine:S,update:S delays each batch of tool calls, engine call or policy update by
-a random 0-S seconds, drawn from the OS's entropy (never from the run's seeded streams): the determinism
-tests' way to show that speeds change the wall time and nothing else. Unset (always, outside tests) they do
-nothing."""
+RETOOL_PAUSE_AT=rollouts:N (before step N's rollouts), step:N (sft, after step N) or chunk:N makes the command wait
+there for a stop signal (60 s at most): the stop tests' fixed point to signal at, whatever the machine's speed; with
+RETOOL_PAUSED_FILE set, that file is made as the wait begins. RETOOL_JITTER=tools:S,engine:S,update:S delays each
+batch of tool calls, engine call or policy update by a random 0-S seconds, drawn from the OS's entropy (never from
+the run's seeded streams): the determinism tests' way to show that speeds change the wall time and nothing else.
+Unset (always, outside tests) they do nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from retool_cli import stops
 
 ENV = "RETOOL_DIE_AFTER"
 PAUSE_ENV = "RETOOL_PAUSE_AT"
+PAUSED_FILE_ENV = "RETOOL_PAUSED_FILE"
 JITTER_ENV = "RETOOL_JITTER"
 _entropy = random.SystemRandom()
 
@@ -38,6 +39,8 @@ def pause_if_due(kind: str, count: int) -> None:
     in this wait; inside stops.deferred() the wait ends and the command stops where it would)."""
     if os.environ.get(PAUSE_ENV) != f"{kind}:{count}":
         return
+    if os.environ.get(PAUSED_FILE_ENV):
+        open(os.environ[PAUSED_FILE_ENV], "w").close()
     deadline = time.monotonic() + 60
     while stops.requested() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -198,6 +199,9 @@ def exit_quietly(code: int) -> None:
     if _state.notice is not None:
         _state.notice.join(timeout=2.0)  # (said: see _handler)
     logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # (a closed pipe)
+            stream.flush()
     os._exit(code)
 
 

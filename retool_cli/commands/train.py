@@ -47,6 +47,7 @@ from retool_cli.rl.launch import (
 )
 from retool_cli.rl.optim import build_optimizer, build_scheduler
 from retool_cli.rl.sampler import (
+    batch_sampled_ahead,
     engine_call,
     overlapped_sampling,
     rollouts_in_turn,
@@ -129,7 +130,7 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
                 if pipeline is None:
                     batch, cursor = rollouts_in_turn(plan, examples, cursor, step, rt, model, timer, checkpoint_at)
                 else:
-                    batch, cursor, timer.times["rollout_s"] = pipeline.take(step)
+                    batch, cursor, timer.times["rollout_s"] = batch_sampled_ahead(pipeline, step, checkpoint_at)
                 with engine_call(config, "the engine's sleep"):
                     rt.engine.sleep()  # vLLM (with sleep mode): its KV cache freed, its weights offloaded
                 with timer("update_s"):

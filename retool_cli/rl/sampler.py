@@ -149,6 +149,16 @@ def rollouts_in_turn(
         raise
 
 
+def batch_sampled_ahead(pipeline: Pipeline, step: int, checkpoint_at: Checkpointing) -> tuple[Batch, int, float]:
+    """Step `step`'s batch from the sampler (trainer.max_staleness > 0): the batch, the data cursor after it, the
+    sampler's seconds on it. One process, no update since the last checkpoint (the run's first step, or the one
+    after a save): a stop abandons the wait at once, as synchronous rollouts do, since what is lost is sampling the
+    resumed run repeats. Else a stop waits for the batch: the step's checkpoint needs the batches sampled ahead."""
+    nothing_trained = world()[1] == 1 and step - 1 == checkpoint_at.last
+    with stops.interruptible(nothing_trained):
+        return pipeline.take(step)
+
+
 def weights_for(config: RetoolConfig, model: Any) -> contextlib.AbstractContextManager[Any]:
     """The hf engine decodes with the policy's own modules: under FSDP2 their weights are all-gathered for it.
     vLLM keeps its own copy (synced after each step), so the trainer's shards stay sharded."""

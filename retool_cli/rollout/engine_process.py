@@ -59,6 +59,7 @@ from retool_cli.rollout.weight_slots import SlotEngine, WeightSlots
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often a waiting trainer looks at the engine process
 START_TIMEOUT_S = 300.0  # an engine process's start (imports, building its models) is bounded by this too
+EXIT_WAIT_S = 5.0  # how long a closing engine process may take to exit before it is killed
 NO_LIMIT_S = 365 * 86400.0  # a broadcast's timeout where rollout.engine_timeout_s=0 asks for none
 
 # A bucket's layout: the dtype its flat tensor has, and (name, shape) of each tensor in it, in order.
@@ -273,6 +274,7 @@ class EngineProcess:
             if self.closed:
                 raise EngineProcessDied(f"engine process {self.index} was closed: the run is ending")
             self.conn, child = context.Pipe()
+            self.started = False  # (wait_started: its models built, its group joined)
             # the store listens first (port 0: any free port), the child joins it, then both build the group
             timeout = datetime.timedelta(seconds=START_TIMEOUT_S)
             self.store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
@@ -302,6 +304,7 @@ class EngineProcess:
             self.group = gloo_group(self.store, 0, START_TIMEOUT_S)
         except RuntimeError as error:  # the child died before joining, or never joined in time
             self._died(f"while starting ({error})")
+        self.started = True
 
     def _died(self, when: str) -> NoReturn:
         self.process.join(timeout=5.0)
@@ -340,7 +343,7 @@ class EngineProcess:
         return generations
 
     def _restart(self) -> None:
-        self._end()
+        self.end_by(time.monotonic() + EXIT_WAIT_S)
         self.spec.incarnation += 1
         self._start()
         for slot, state in self.loaded.items():
@@ -381,16 +384,22 @@ class EngineProcess:
 
     def close(self) -> None:
         """End the process for good (see `closed`)."""
+        self.ask_to_exit()
+        self.end_by(time.monotonic() + EXIT_WAIT_S)
+
+    def ask_to_exit(self) -> None:
         with self.starting:
             self.closed = True
-        self._end()
-
-    def _end(self) -> None:
-        """Ask the process to exit; kill it if it does not within a few seconds."""
         with contextlib.suppress(OSError):
             self.conn.send(("exit", 0, None))
-        self.process.join(timeout=5.0)
-        if self.process.is_alive():
+
+    def end_by(self, deadline: float) -> None:
+        """Wait until `deadline` for the process to exit, then kill it and what it started. One still starting
+        reads no request before its models are built (minutes, for a large model): killed at once."""
+        if self.started:
+            self.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.process.is_alive() and self.process.pid is not None:
+            stops.kill_descendants(self.process.pid)  # (vLLM's own processes, if it started any)
             self.process.kill()
             self.process.join()
         self.conn.close()
@@ -447,8 +456,12 @@ def engine_processes(
                 vllm=vllm,
             )
             processes.append(EngineProcess(spec, index, r.engine_timeout_s, r.engine_restarts, bucket_bytes))
-        for process in processes:  # all started at once: each imports and builds its models on its own cores
-            process.wait_started()
+        # all started at once: each imports and builds its models on its own cores. One trainer process: a stop
+        # meanwhile (minutes, for a large model) ends the wait at once, with nothing trained to lose
+        alone = not dist.is_initialized() or dist.get_world_size() == 1
+        with stops.interruptible(alone):
+            for process in processes:
+                process.wait_started()
         torch.set_num_threads(max(1, trainer_threads - count * r.engine_threads))  # the engines' cores are theirs
         log.info(
             "rollout.placement=separate: %d engine processes x %d threads, the trainer %d threads",
@@ -459,5 +472,8 @@ def engine_processes(
         yield [SlotEngine(processes[slot % count], slot) for slot in range(slots)]
     finally:
         torch.set_num_threads(trainer_threads)
+        for process in processes:  # all asked first, then waited for: they exit at once
+            process.ask_to_exit()
+        deadline = time.monotonic() + EXIT_WAIT_S
         for process in processes:
-            process.close()
+            process.end_by(deadline)

@@ -300,13 +300,31 @@ def test_an_engine_process_killed_as_it_starts_stops_the_run_and_the_other_one(t
     assert len(pids) == 2 and not alive(pids)
 
 
+def test_a_stop_during_a_fresh_runs_first_batch_ends_it_at_once(tmp_path: Path) -> None:
+    """SIGTERM while a fresh run's sampler works on its first batch (k = 1; held there by RETOOL_PAUSE_AT): with
+    nothing trained, the run stops at once rather than sample, update and save a step first (minutes, on a real
+    model): exit 143, no step logged, no folder kept; the same command again runs the whole run. A fresh
+    interpreter (not the tests' zygote, whose exit skips the teardown): the sampler's thread, abandoned inside
+    torch's generate, must not abort the exit ("terminate called without an active exception", exit 134)."""
+    run, paused = tmp_path / "run", tmp_path / "paused"
+    args = [*ARGS, "trainer.max_staleness=1", "model.accelerate=false", f"hydra.run.dir={run}"]
+    env = {"RETOOL_PAUSED_FILE": str(paused), "RETOOL_TEST_ZYGOTE": "0"}
+    result, _ = signal_when(args, tmp_path, signal.SIGTERM, paused.exists, pause="rollouts:1", env=env)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 128 + signal.SIGTERM, said[-3000:]
+    assert "stopped by SIGTERM before anything was written" in said and "Traceback" not in said, said[-3000:]
+    assert not rows_of(run)
+    run_retool(*args, cwd=tmp_path, check=True)
+    assert [row["step"] for row in rows_of(run)] == list(range(1, STEPS + 1))
+
+
 def test_ctrl_c_as_engine_processes_start_stops_the_run_cleanly(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) as two engine processes are spawned,
-    while they import: they hold it until they ignore it (a stop is the trainer's), so the run stops at its
-    step's end with exit 130 and the command that resumes it; no KeyboardInterrupt from an engine process, and
-    nothing left. (A plain process in a session of its own: the signal must not reach the test.)"""
+    while they import: they hold it until they ignore it (a stop is the trainer's), and the trainer, with nothing
+    trained, stops at once rather than wait for their start and a first step: exit 130, well within the default
+    stop grace; no KeyboardInterrupt from an engine process, and nothing left. (A plain process in a session of
+    its own: the signal must not reach the test.)"""
     args = [*ARGS, "trainer.max_staleness=1", *SEPARATE, "rollout.engine_processes=2", "hydra.run.dir=run"]
-    args += ["trainer.stop_timeout_s=300"]  # the run ends its first step first: slow on a busy machine, not stuck
     command = [sys.executable, "-m", "retool_cli", *args]
     env = command_env({"COLUMNS": "400"})
     out = subprocess.PIPE
@@ -321,8 +339,9 @@ def test_ctrl_c_as_engine_processes_start_stops_the_run_cleanly(tmp_path: Path) 
             break
     text = " ".join(("".join(said) + proc.communicate(timeout=120)[0]).split())
     assert proc.returncode == 128 + signal.SIGINT, text[-3000:]
-    assert "stopped by SIGINT; to resume, run: retool train" in text, text[-3000:]
-    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "stopped by SIGINT before anything was written" in text, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text and "did not stop within" not in text
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
     pids = engine_pids(text)
     assert len(pids) == 2 and not alive(pids)
 

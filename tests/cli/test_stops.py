@@ -47,11 +47,13 @@ def signal_when(
     ready: Callable[[], bool],
     checks: Callable[[int], None] | None = None,
     pause: str = "",
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess, list[int]]:
     """Run `retool ARGS`, send `signum` once `ready()` holds (after `checks(pid)`, done while it works); its result
     and every process that was part of it then (torchrun, ranks, sandbox and judge workers). `pause`: where the
-    command waits for the signal (RETOOL_PAUSE_AT, retool_cli/faults.py), so that it cannot finish first."""
-    proc = start_retool(*args, cwd=cwd, env={"COLUMNS": "400", "RETOOL_PAUSE_AT": pause}, text=False)
+    command waits for the signal (RETOOL_PAUSE_AT, retool_cli/faults.py), so that it cannot finish first; `env`: more
+    of the command's environment."""
+    proc = start_retool(*args, cwd=cwd, env={"COLUMNS": "400", "RETOOL_PAUSE_AT": pause, **(env or {})}, text=False)
     deadline = time.monotonic() + 300
     while not ready():
         assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
