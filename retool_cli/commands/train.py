@@ -3,7 +3,6 @@ checkpoint of an unfinished run of the same config (same data position, RNG and 
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from pathlib import Path
@@ -23,7 +22,7 @@ from retool_cli.eval.sampling import dev_eval
 from retool_cli.faults import die_if_due, jitter
 from retool_cli.interfaces import Runtime
 from retool_cli.metrics_log import MetricsLog, plot_metrics
-from retool_cli.model.loading import load_tokenizer, model_path, policy_for
+from retool_cli.model.loading import load_tokenizer, model_path, policy_for, reference_policy
 from retool_cli.model.precision import resolve_precision
 from retool_cli.rl import packing
 from retool_cli.rl.checkpoints import Checkpointing, resume
@@ -100,9 +99,11 @@ def train(config: RetoolConfig, run_dir: Path, key: str, rank: int, size: int) -
     precision = resolve_precision(config, training=True)
     log.info("precision: %s", precision)
     model, source = policy_for(config, precision, checkpoint, sharded=t.fsdp and size > 1)
+    ref_model = reference_policy(config, precision, model, checkpoint)  # (trainer.kl_coef) the initial weights
     if t.pack_sequences:  # a model that cannot pack is refused here, not after the first rollouts
         packing.enable(model)
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if t.kl_coef > 0 else None
+        if ref_model is not None:
+            packing.enable(ref_model)
     if t.fsdp and size > 1:  # after the reference copy: that one stays whole on each process
         shard(model, replicas=t.nnodes if t.fsdp_sharding is FsdpSharding.hybrid else 1)
     optimizer = build_optimizer(model, t.lr, t.weight_decay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from dataclasses import replace
@@ -199,8 +200,6 @@ def sampler_model(config: Any, generation_config: Any, dtype: torch.dtype, devic
     """A frozen model of the policy's architecture in `dtype`, whose weights an engine then loads from the trainer.
     Built as the colocated engine's copy is (hf_engine._cast_copy): in the config's dtype, then every floating
     parameter and buffer cast, so that both sample the same tokens."""
-    import copy
-
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(config)
@@ -226,3 +225,14 @@ def policy_for(config: RetoolConfig, precision: Precision, checkpoint: Path | No
             f"({model.config.model_type} is not); use data parallel or rollout.engine=vllm"
         )
     return model, source
+
+
+def reference_policy(config: RetoolConfig, precision: Precision, policy: Any, checkpoint: Path | None) -> Any:
+    """trainer.kl_coef > 0: the frozen policy the KL term holds the run to, the run's initial weights (else None).
+    A fresh run copies its policy; a resumed one loads them again, since its policy holds the checkpoint's weights
+    (or, with LoRA, the checkpoint's adapters), which a copy would make the reference from then on. LoRA: adapters
+    freshly made, as a fresh run's are, add exactly nothing (their B is zero)."""
+    if config.trainer.kl_coef == 0:
+        return None
+    reference = copy.deepcopy(policy) if checkpoint is None else policy_for(config, precision, None, sharded=False)[0]
+    return reference.eval().requires_grad_(False)

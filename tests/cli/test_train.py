@@ -25,6 +25,11 @@ TRAIN = [
 ]
 
 
+# A KL term to the reference policy (the run's initial weights), large enough to move the update: a resumed run's
+# reference must be those weights again, not its checkpoint's
+KL = ["trainer.kl_coef=0.05", "trainer.lr=1e-3"]
+
+
 def metrics_of(folder: Path) -> list[dict]:
     [path] = list(folder.rglob("metrics.jsonl"))
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -80,14 +85,16 @@ def comparable_sft(row: dict) -> dict:
 def test_train_runs_and_resumes_exactly_after_sigkill(sft_checkpoint: Path, tmp_path: Path) -> None:
     """Killed after step 2, with that checkpoint then damaged: the same command resumes from the last complete
     checkpoint (step 1) and ends with the metrics and kept trajectories of an uninterrupted run (steps 2 and 3:
-    step 3's rollouts come from step 2's update, made with the optimizer state restored from step 1)."""
+    step 3's rollouts come from step 2's update, made with the optimizer state restored from step 1). With a KL
+    term to the initial policy, whose weights the resumed run loads again (its own are step 1's)."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()
     broken.mkdir()
-    args = ["train", *TRAIN, f"trainer.init_from={sft_checkpoint}"]
+    args = ["train", *TRAIN, f"trainer.init_from={sft_checkpoint}", *KL]
+    args += ["trainer.mask_truncated=false", "reward.overlong_buffer_tokens=48"]  # lengths vary the reward
     run_retool(*args, cwd=whole, check=True)
     reference = metrics_of(whole)
-    assert [r["step"] for r in reference] == [1, 2, 3]
+    assert [r["step"] for r in reference] == [1, 2, 3] and reference[2]["train/kl_ref"] > 0
     assert {"reward/mean", "train/accuracy", "rollout/code_calls", "train/grad_norm", "train/lr"} <= set(reference[0])
     die_after(args, cwd=broken, when="step:2")  # killed right after step 2
     # and its step-2 checkpoint damaged afterwards (a copy cut short): resume passes over it, to step 1's
@@ -160,7 +167,8 @@ def test_two_processes_with_torchrun(sft_checkpoint: Path, tmp_path: Path) -> No
 
 def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_checkpoint: Path, tmp_path: Path) -> None:
     """model.lora_rank with bf16 autocast and bf16 sampling: checkpoints hold merged weights and the adapter;
-    a run resumed from step 1 (adapter + optimizer state) writes the same later metrics as the whole run."""
+    a run resumed from step 1 (adapter + optimizer state) writes the same later metrics as the whole run, its KL
+    term still to the initial weights (not to those plus the checkpoint's adapter)."""
     args = [
         "train",
         *TRAIN,
@@ -169,7 +177,7 @@ def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_checkpoint: Path, t
         "model.lora_rank=4",
         "trainer.bf16_autocast=true",
         "rollout.dtype=bfloat16",
-        "trainer.lr=1e-3",
+        *KL,
         f"trainer.init_from={sft_checkpoint}",
         "hydra.run.dir=run",
         "trainer.mask_truncated=false",
@@ -178,7 +186,7 @@ def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_checkpoint: Path, t
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
-    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0
+    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0 and whole[2]["train/kl_ref"] > 0
     assert (run / "checkpoints" / "step_3" / "adapter" / "adapter_model.safetensors").exists()
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_3")  # merged weights, plain HF format
     for step in (2, 3):  # resume from step 1: step 3's rollouts depend on step 2's Adam update from its state
@@ -190,7 +198,8 @@ def test_lora_with_bf16_resumes_exactly_from_its_adapter(sft_checkpoint: Path, t
 
 def test_fsdp2_two_processes_checkpoint_and_resume(sft_checkpoint: Path, tmp_path: Path) -> None:
     """trainer.fsdp=true with 2 processes: rollouts on all-gathered weights, checkpoints gathered to rank 0
-    (plain HF weights), and a resume from step 1 (optimizer state re-sharded) repeats steps 2 and 3 exactly."""
+    (plain HF weights), and a resume from step 1 (optimizer state re-sharded) repeats steps 2 and 3 exactly; the
+    KL term's reference (whole on each process) is the initial weights in both."""
     args = [
         "train",
         *TRAIN,
@@ -202,11 +211,12 @@ def test_fsdp2_two_processes_checkpoint_and_resume(sft_checkpoint: Path, tmp_pat
         "hydra.run.dir=run",
         "trainer.mask_truncated=false",
         "reward.overlong_buffer_tokens=48",
+        *KL,
     ]
     run_retool(*args, cwd=tmp_path, check=True)
     run = tmp_path / "run"
     whole = comparable(metrics_of(run))
-    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0
+    assert [r["step"] for r in whole] == [1, 2, 3] and whole[1]["train/grad_norm"] > 0 and whole[2]["train/kl_ref"] > 0
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_3")
     for step in (2, 3):  # resume from step 1: step 3's rollouts depend on step 2's Adam update from its state
         shutil.rmtree(run / "checkpoints" / f"step_{step}")
