@@ -151,9 +151,10 @@ def rollouts_in_turn(
 
 def batch_sampled_ahead(pipeline: Pipeline, step: int, checkpoint_at: Checkpointing) -> tuple[Batch, int, float]:
     """Step `step`'s batch from the sampler (trainer.max_staleness > 0): the batch, the data cursor after it, the
-    sampler's seconds on it. One process, no update since the last checkpoint (the run's first step, or the one
-    after a save): a stop abandons the wait at once, as synchronous rollouts do, since what is lost is sampling the
-    resumed run repeats. Else a stop waits for the batch: the step's checkpoint needs the batches sampled ahead."""
+    sampler's seconds on it. One process, no update since the last checkpoint (a fresh run's first batch; a
+    checkpoint already holds the batches after it): a stop abandons the wait at once, as synchronous rollouts do,
+    since what is lost is sampling the rerun repeats. Else a stop waits for the batch: the step's checkpoint needs
+    the batches sampled ahead."""
     nothing_trained = world()[1] == 1 and step - 1 == checkpoint_at.last
     with stops.interruptible(nothing_trained):
         return pipeline.take(step)

@@ -307,7 +307,7 @@ class EngineProcess:
         self.started = True
 
     def _died(self, when: str) -> NoReturn:
-        self.process.join(timeout=5.0)
+        self.process.join(timeout=EXIT_WAIT_S)
         code = self.process.exitcode
         raise _Died(f"engine process {self.index} (pid {self.process.pid}) {_how_it_ended(code)} {when}")
 
